@@ -1,0 +1,1 @@
+//! Examples (in progress).

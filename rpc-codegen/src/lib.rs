@@ -1,0 +1,1 @@
+//! rdma-rpc code generator (in progress).

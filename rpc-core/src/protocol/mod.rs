@@ -1,0 +1,35 @@
+//! The wire protocol as pure state: frame headers, doorbells, ring
+//! arithmetic, credits and the call table.
+//!
+//! Nothing here touches memory registration, threads, sockets or clocks (time
+//! is passed in), so every corner is testable with plain unit and property
+//! tests. The dispatcher drives these types with what the fabric reports.
+//!
+//! A connection has two rings, one per direction. Each side owns the ring it
+//! *receives* into and tracks the *peer's* ring as a sender:
+//!
+//! ```text
+//!  sender                                            receiver
+//!  SendRing::reserve(len) -> offset                  RecvRing (owns the memory)
+//!  encode header+metadata+payload at offset
+//!  RDMA WRITE WITH IMM (imm = Doorbell::Frame)  ---> recv completion: locate(imm)
+//!                                                    decode Header at offset
+//!                                                    consume(slot, frame_len)
+//!  SendRing::release(..) <--- ack in any header  <-- CreditReturn::take_ack()
+//!                        <--- or Doorbell::Credit (zero-length write)
+//! ```
+
+pub mod calls;
+pub mod credits;
+pub mod doorbell;
+pub mod header;
+pub mod ring;
+
+#[cfg(test)]
+mod sim;
+
+pub use calls::{CallId, CallTable};
+pub use credits::{CreditError, CreditReturn};
+pub use doorbell::Doorbell;
+pub use header::{FrameKind, HEADER_LEN, Header, HeaderError, VERSION};
+pub use ring::{ALIGN, RecvRing, RingError, SendRing, Slot, align_up};

@@ -1,0 +1,1 @@
+//! Simulated sender/receiver pair over the pure protocol (property tests).

@@ -1,0 +1,218 @@
+//! `Status` and `Code`: how a call fails, with gRPC's status codes.
+
+use std::fmt;
+
+/// A gRPC status code. The numeric values are gRPC's, so they can be mapped
+/// one to one onto other gRPC-speaking systems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Code {
+    /// Not an error.
+    Ok = 0,
+    /// The operation was cancelled, typically by the caller.
+    Cancelled = 1,
+    /// Unknown error.
+    Unknown = 2,
+    /// The client specified an invalid argument (for example a payload that
+    /// is not a valid protobuf message).
+    InvalidArgument = 3,
+    /// The deadline expired before the operation could complete.
+    DeadlineExceeded = 4,
+    /// Some requested entity was not found.
+    NotFound = 5,
+    /// The entity a client attempted to create already exists.
+    AlreadyExists = 6,
+    /// The caller lacks permission.
+    PermissionDenied = 7,
+    /// Some resource is exhausted: a full ring with no waiting allowed, or a
+    /// message larger than the connection accepts.
+    ResourceExhausted = 8,
+    /// The system is not in a state required for the operation.
+    FailedPrecondition = 9,
+    /// The operation was aborted.
+    Aborted = 10,
+    /// The operation was attempted past the valid range.
+    OutOfRange = 11,
+    /// The method is not implemented or not known to the server.
+    Unimplemented = 12,
+    /// An internal invariant was broken (for example a handler panicked).
+    Internal = 13,
+    /// The service is currently unavailable: the peer is gone or the
+    /// connection failed.
+    Unavailable = 14,
+    /// Unrecoverable data loss or corruption.
+    DataLoss = 15,
+    /// The request does not have valid authentication credentials.
+    Unauthenticated = 16,
+}
+
+impl Code {
+    /// Maps a wire value to a code; values outside gRPC's range become `Unknown`.
+    pub fn from_u16(value: u16) -> Code {
+        use Code::*;
+        match value {
+            0 => Ok,
+            1 => Cancelled,
+            2 => Unknown,
+            3 => InvalidArgument,
+            4 => DeadlineExceeded,
+            5 => NotFound,
+            6 => AlreadyExists,
+            7 => PermissionDenied,
+            8 => ResourceExhausted,
+            9 => FailedPrecondition,
+            10 => Aborted,
+            11 => OutOfRange,
+            12 => Unimplemented,
+            13 => Internal,
+            14 => Unavailable,
+            15 => DataLoss,
+            16 => Unauthenticated,
+            _ => Unknown,
+        }
+    }
+
+    /// A short human-readable description, as gRPC spells it.
+    pub fn description(self) -> &'static str {
+        use Code::*;
+        match self {
+            Ok => "ok",
+            Cancelled => "cancelled",
+            Unknown => "unknown",
+            InvalidArgument => "invalid argument",
+            DeadlineExceeded => "deadline exceeded",
+            NotFound => "not found",
+            AlreadyExists => "already exists",
+            PermissionDenied => "permission denied",
+            ResourceExhausted => "resource exhausted",
+            FailedPrecondition => "failed precondition",
+            Aborted => "aborted",
+            OutOfRange => "out of range",
+            Unimplemented => "unimplemented",
+            Internal => "internal",
+            Unavailable => "unavailable",
+            DataLoss => "data loss",
+            Unauthenticated => "unauthenticated",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.description())
+    }
+}
+
+/// The error of a call: a [`Code`] and a message, as in gRPC.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Status {
+    code: Code,
+    message: String,
+}
+
+macro_rules! constructors {
+    ($($(#[$doc:meta])* $name:ident => $code:ident),* $(,)?) => {
+        $( $(#[$doc])* pub fn $name(message: impl Into<String>) -> Status {
+            Status::new(Code::$code, message)
+        } )*
+    };
+}
+
+impl Status {
+    /// A status with the given code and message.
+    pub fn new(code: Code, message: impl Into<String>) -> Status {
+        Status {
+            code,
+            message: message.into(),
+        }
+    }
+
+    constructors! {
+        /// A `Cancelled` status.
+        cancelled => Cancelled,
+        /// An `Unknown` status.
+        unknown => Unknown,
+        /// An `InvalidArgument` status.
+        invalid_argument => InvalidArgument,
+        /// A `DeadlineExceeded` status.
+        deadline_exceeded => DeadlineExceeded,
+        /// A `NotFound` status.
+        not_found => NotFound,
+        /// An `AlreadyExists` status.
+        already_exists => AlreadyExists,
+        /// A `PermissionDenied` status.
+        permission_denied => PermissionDenied,
+        /// A `ResourceExhausted` status.
+        resource_exhausted => ResourceExhausted,
+        /// A `FailedPrecondition` status.
+        failed_precondition => FailedPrecondition,
+        /// An `Aborted` status.
+        aborted => Aborted,
+        /// An `OutOfRange` status.
+        out_of_range => OutOfRange,
+        /// An `Unimplemented` status.
+        unimplemented => Unimplemented,
+        /// An `Internal` status.
+        internal => Internal,
+        /// An `Unavailable` status.
+        unavailable => Unavailable,
+        /// A `DataLoss` status.
+        data_loss => DataLoss,
+        /// An `Unauthenticated` status.
+        unauthenticated => Unauthenticated,
+    }
+
+    /// The status code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The message, for humans.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Debug for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Status")
+            .field("code", &self.code)
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for Status {}
+
+impl From<prost::DecodeError> for Status {
+    fn from(e: prost::DecodeError) -> Status {
+        Status::invalid_argument(format!("message is not valid protobuf: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_through_the_wire_value() {
+        for v in 0..=16u16 {
+            assert_eq!(Code::from_u16(v) as u16, v);
+        }
+        assert_eq!(Code::from_u16(17), Code::Unknown);
+        assert_eq!(Code::from_u16(u16::MAX), Code::Unknown);
+    }
+
+    #[test]
+    fn display_names_code_and_message() {
+        let s = Status::unavailable("peer closed");
+        assert_eq!(s.to_string(), "unavailable: peer closed");
+        assert_eq!(s.code(), Code::Unavailable);
+    }
+}
