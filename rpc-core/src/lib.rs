@@ -3,6 +3,7 @@
 //! The runtime of rdma-rpc: typed, message-passing RPC over RDMA.
 #![deny(unsafe_code)]
 
+pub mod bootstrap;
 pub mod client;
 pub mod codegen;
 pub mod fabric;

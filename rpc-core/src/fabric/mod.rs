@@ -1,1 +1,303 @@
-//! Fabrics.
+//! Fabrics: what moves bytes between machines, with RDMA verbs semantics.
+//!
+//! A fabric offers exactly what the protocol needs from RDMA:
+//!
+//! - **registered memory** ([`Region`]): a buffer with an address and an
+//!   rkey that a peer may write into (receive rings) or that the local side
+//!   sends from (staging);
+//! - **RC queue pairs** ([`QueuePair`]) connected one to one, that post
+//!   [`WriteImm`]: an RDMA WRITE WITH IMMEDIATE to (remote address, rkey);
+//! - **one shared receive queue** per context: zero-length receives that
+//!   each incoming write-with-imm consumes ([`Fabric::post_recv`]);
+//! - **one completion queue** per context ([`Fabric::poll`], [`Fabric::wait`]):
+//!   receive completions carry `imm`, `byte_len` and `qp_num`; send
+//!   completions report signaled writes; an error completion means the queue
+//!   pair is dead.
+//!
+//! [`soft`] implements these semantics in software, in one process
+//! (`mem://`) or over TCP (`tcp://`). The verbs fabric (`rdma://`) maps them
+//! onto `ibverbs`. Everything above the fabric is generic over [`Fabric`],
+//! so tests on `mem://` run the real rings, credits and dispatcher.
+
+pub mod soft;
+
+mod url;
+
+pub use url::{FabricUrl, Scheme};
+
+use std::fmt;
+use std::time::Duration;
+
+/// Registered memory.
+///
+/// Reads and writes go through closures so that a software fabric can guard
+/// the bytes against concurrent writes by a (possibly misbehaving) peer
+/// without any `unsafe`.
+pub trait Region: Send + Sync + 'static {
+    /// The address a peer names in a write (for software fabrics, a virtual one).
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// True for a zero-length region.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The key a peer presents to write here (0 for local-only regions).
+    fn rkey(&self) -> u32;
+    /// Runs `f` on `len` bytes at `offset`. Panics if out of bounds: callers
+    /// check bounds against [`Region::len`] first.
+    fn read<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R;
+    /// Runs `f` on `len` writable bytes at `offset`. Panics if out of bounds.
+    fn write<R>(&self, offset: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R;
+}
+
+/// One RDMA WRITE WITH IMMEDIATE.
+#[derive(Debug)]
+pub struct WriteImm<'a, R> {
+    /// Returned in the send completion if `signaled`.
+    pub wr_id: u64,
+    /// Local bytes to write: (region, offset, length); `None` for a zero-length write.
+    pub local: Option<(&'a R, usize, usize)>,
+    /// Remote address (the peer's region address plus offset).
+    pub remote_addr: u64,
+    /// The peer region's rkey.
+    pub rkey: u32,
+    /// Immediate data, delivered in the peer's receive completion.
+    pub imm: u32,
+    /// Whether to produce a send completion on success.
+    pub signaled: bool,
+}
+
+/// A connected reliable queue pair.
+pub trait QueuePair: Send + 'static {
+    /// The region type writes are sent from.
+    type Region: Region;
+    /// This queue pair's number, as the peer's completions would name it locally.
+    fn qp_num(&self) -> u32;
+    /// Posts one write-with-imm. An `Err` means nothing was posted; a
+    /// failure detected later arrives as an error completion.
+    fn post_write_imm(&mut self, wr: &WriteImm<'_, Self::Region>) -> Result<(), FabricError>;
+    /// Most send-queue entries that may be outstanding (unreaped) at once.
+    fn send_queue_depth(&self) -> usize;
+    /// Called on an accepted queue pair once the local side is ready for the
+    /// peer's traffic (the connection is registered with the dispatcher):
+    /// sends the handshake's final message. The peer sends nothing before it.
+    fn established(&mut self) -> Result<(), FabricError> {
+        Ok(())
+    }
+}
+
+/// What completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompletionKind {
+    /// A signaled write-with-imm (or any send, for error completions).
+    Send,
+    /// An incoming write-with-imm consumed a shared-receive-queue entry.
+    RecvImm {
+        /// The immediate.
+        imm: u32,
+        /// Bytes written.
+        byte_len: u32,
+    },
+}
+
+/// Completion status, named after `ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcStatus {
+    /// Success.
+    Success,
+    /// The peer rejected the write: unknown rkey or out of its region.
+    RemoteAccess,
+    /// The peer had no receive posted for too long (receiver not ready).
+    RnrRetryExceeded,
+    /// The peer is unreachable or closed its end.
+    RetryExceeded,
+    /// Flushed because the queue pair went to the error state.
+    Flushed,
+    /// Another failure (the fabric's own code in `vendor`).
+    Other {
+        /// Fabric-specific status value.
+        vendor: u32,
+    },
+}
+
+/// One completion-queue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id (receives: 0 on software fabrics).
+    pub wr_id: u64,
+    /// The local queue pair it belongs to.
+    pub qp_num: u32,
+    /// What completed.
+    pub kind: CompletionKind,
+    /// Success or why not. Any error means the queue pair is dead.
+    pub status: WcStatus,
+}
+
+/// The peer's receive ring and limits, learned when connecting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerRing {
+    /// Address of the peer's receive ring.
+    pub addr: u64,
+    /// Its length (a power of two).
+    pub len: u64,
+    /// Its rkey.
+    pub rkey: u32,
+    /// Largest message (metadata + payload) the peer accepts.
+    pub max_message: u32,
+}
+
+/// What a side brings to a connection.
+#[derive(Debug)]
+pub struct LocalSetup<'a, R> {
+    /// The receive ring the peer will write into.
+    pub ring: &'a R,
+    /// Largest message (metadata + payload) accepted.
+    pub max_message: u32,
+    /// How long the handshake may take.
+    pub timeout: Duration,
+}
+
+/// A queue pair connected to a peer, with the peer's ring.
+#[derive(Debug)]
+pub struct Connected<Q> {
+    /// The queue pair.
+    pub qp: Q,
+    /// The peer's receive ring.
+    pub peer: PeerRing,
+    /// The peer's address, for logs.
+    pub peer_addr: String,
+}
+
+/// A fabric context: one protection domain, one shared receive queue and one
+/// completion queue, shared by every queue pair created from it.
+pub trait Fabric: Send + Sync + Sized + 'static {
+    /// Registered memory.
+    type Region: Region;
+    /// Connected queue pairs.
+    type Qp: QueuePair<Region = Self::Region>;
+    /// Accepts connection attempts.
+    type Listener: Listener<Self>;
+    /// A connection attempt accepted by a listener, not yet set up.
+    type Incoming: Send + 'static;
+
+    /// Registers `len` bytes; `remote_write` makes them writable by peers.
+    fn register(&self, len: usize, remote_write: bool) -> Result<Self::Region, FabricError>;
+    /// Posts `count` zero-length receives to the shared receive queue.
+    fn post_recv(&self, count: u32) -> Result<(), FabricError>;
+    /// Moves up to `max` completions into `out`; returns how many.
+    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize;
+    /// Blocks until a completion may be ready, [`Fabric::interrupt`] is
+    /// called, or `timeout` passes. Spurious returns are allowed.
+    fn wait(&self, timeout: Option<Duration>);
+    /// Wakes a thread blocked in [`Fabric::wait`].
+    fn interrupt(&self);
+    /// Starts listening on `url`.
+    fn listen(&self, url: &FabricUrl) -> Result<Self::Listener, FabricError>;
+    /// Connects to a listener at `url`.
+    fn connect(
+        &self,
+        url: &FabricUrl,
+        local: LocalSetup<'_, Self::Region>,
+    ) -> Result<Connected<Self::Qp>, FabricError>;
+    /// Completes the set-up of an accepted connection attempt.
+    fn accept(
+        &self,
+        incoming: Self::Incoming,
+        local: LocalSetup<'_, Self::Region>,
+    ) -> Result<Connected<Self::Qp>, FabricError>;
+}
+
+/// Accepts connection attempts for a [`Fabric`].
+pub trait Listener<F: Fabric>: Send + Sync + 'static {
+    /// Blocks for the next attempt; `Ok(None)` once [`Listener::close`] was called.
+    fn next(&self) -> Result<Option<F::Incoming>, FabricError>;
+    /// Where peers connect, as a URL (with the actual port if 0 was asked).
+    fn local_url(&self) -> String;
+    /// Stops listening and unblocks [`Listener::next`].
+    fn close(&self);
+}
+
+/// A fabric-level failure, naming the operation.
+#[derive(Debug)]
+pub struct FabricError {
+    /// What was attempted (for verbs, the failing `ibv_*` call).
+    pub op: &'static str,
+    /// What went wrong.
+    pub kind: FabricErrorKind,
+}
+
+/// Categories of [`FabricError`].
+#[derive(Debug)]
+pub enum FabricErrorKind {
+    /// An OS error.
+    Io(std::io::Error),
+    /// No such listener, or the peer refused or vanished.
+    Unreachable(String),
+    /// The peer broke the handshake or protocol.
+    Protocol(String),
+    /// Invalid arguments or configuration.
+    Invalid(String),
+    /// The queue pair is in the error state.
+    QpDead,
+    /// No RDMA device or support on this host.
+    NoDevice(String),
+}
+
+impl FabricError {
+    pub(crate) fn io(op: &'static str, e: std::io::Error) -> FabricError {
+        FabricError {
+            op,
+            kind: FabricErrorKind::Io(e),
+        }
+    }
+    pub(crate) fn unreachable(op: &'static str, why: impl Into<String>) -> FabricError {
+        FabricError {
+            op,
+            kind: FabricErrorKind::Unreachable(why.into()),
+        }
+    }
+    pub(crate) fn protocol(op: &'static str, why: impl Into<String>) -> FabricError {
+        FabricError {
+            op,
+            kind: FabricErrorKind::Protocol(why.into()),
+        }
+    }
+    pub(crate) fn invalid(op: &'static str, why: impl Into<String>) -> FabricError {
+        FabricError {
+            op,
+            kind: FabricErrorKind::Invalid(why.into()),
+        }
+    }
+}
+
+impl fmt::Display for FabricError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            FabricErrorKind::Io(e) => write!(f, "{}: {e}", self.op),
+            FabricErrorKind::Unreachable(s)
+            | FabricErrorKind::Protocol(s)
+            | FabricErrorKind::Invalid(s)
+            | FabricErrorKind::NoDevice(s) => write!(f, "{}: {s}", self.op),
+            FabricErrorKind::QpDead => write!(f, "{}: queue pair is in the error state", self.op),
+        }
+    }
+}
+
+impl std::error::Error for FabricError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            FabricErrorKind::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<FabricError> for crate::Status {
+    fn from(e: FabricError) -> crate::Status {
+        match e.kind {
+            FabricErrorKind::Invalid(_) => crate::Status::invalid_argument(e.to_string()),
+            _ => crate::Status::unavailable(e.to_string()),
+        }
+    }
+}

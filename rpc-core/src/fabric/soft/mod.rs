@@ -1,0 +1,523 @@
+//! The software fabric: RDMA verbs semantics without RDMA hardware.
+//!
+//! A [`SoftFabric`] is a context like a verbs one: registered regions with
+//! rkeys, one shared receive queue (a count of posted zero-length receives)
+//! and one completion queue. Queue pairs come in two kinds:
+//!
+//! - `mem://name`: both ends in one process; a write-with-imm copies straight
+//!   into the peer's region from the posting thread.
+//! - `tcp://host:port`: a write-with-imm travels as a message over a TCP
+//!   connection; a reader thread on the receiving side plays the NIC.
+//!
+//! Either way the receiving side checks the rkey and bounds (a bad write is an
+//! error completion on the sender, [`WcStatus::RemoteAccess`], and touches
+//! nothing), consumes one shared-receive-queue entry (an empty queue behaves
+//! like RNR: the write waits, then fails with [`WcStatus::RnrRetryExceeded`]),
+//! copies the bytes, and posts a receive completion carrying the immediate,
+//! the byte count and the local queue pair number.
+
+mod mem;
+mod tcp;
+
+use super::{
+    Completion, CompletionKind, Connected, Fabric, FabricError, FabricUrl, LocalSetup, QueuePair,
+    Region, Scheme, WcStatus, WriteImm,
+};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a write waits for a receive before failing like RNR retry exhaustion.
+pub const DEFAULT_RNR_TIMEOUT: Duration = Duration::from_secs(5);
+/// Send-queue depth the soft fabric reports (it never runs out itself).
+const SOFT_SQ_DEPTH: usize = 4096;
+
+static NEXT_QP_NUM: AtomicU32 = AtomicU32::new(1);
+static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
+
+fn next_qp_num() -> u32 {
+    NEXT_QP_NUM.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A software fabric context (protection domain, SRQ and CQ in one).
+#[derive(Clone)]
+pub struct SoftFabric {
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for SoftFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftFabric")
+            .field("srq_posted", &self.ctx.srq.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+pub(crate) struct Ctx {
+    regions: Mutex<HashMap<u32, Weak<RegionInner>>>,
+    cq: Mutex<Cq>,
+    cq_cond: Condvar,
+    srq: AtomicU64,
+    srq_waiters: Mutex<usize>,
+    srq_cond: Condvar,
+    rnr_timeout: Duration,
+}
+
+#[derive(Default)]
+struct Cq {
+    entries: VecDeque<Completion>,
+    sleeping: bool,
+    interrupted: bool,
+}
+
+impl Ctx {
+    pub(crate) fn push(&self, c: Completion) {
+        let mut cq = self.cq.lock().unwrap_or_else(|e| e.into_inner());
+        cq.entries.push_back(c);
+        if cq.sleeping {
+            self.cq_cond.notify_one();
+        }
+    }
+
+    /// Takes one SRQ receive, waiting up to the RNR timeout.
+    fn take_recv(&self) -> bool {
+        let mut n = self.srq.load(Ordering::Acquire);
+        while n > 0 {
+            match self
+                .srq
+                .compare_exchange_weak(n, n - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(cur) => n = cur,
+            }
+        }
+        // Receiver not ready: wait like RNR retries do, then give up.
+        let deadline = Instant::now() + self.rnr_timeout;
+        let mut waiters = self.srq_waiters.lock().unwrap_or_else(|e| e.into_inner());
+        *waiters += 1;
+        let got = loop {
+            let n = self.srq.load(Ordering::Acquire);
+            if n > 0 {
+                if self
+                    .srq
+                    .compare_exchange(n, n - 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break true;
+                }
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break false;
+            }
+            waiters = self
+                .srq_cond
+                .wait_timeout(waiters, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        *waiters -= 1;
+        got
+    }
+
+    /// What the receiving NIC does with an incoming write-with-imm.
+    pub(crate) fn deliver(
+        &self,
+        qp_num: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+        data: &[u8],
+    ) -> Result<(), WcStatus> {
+        let region = if data.is_empty() {
+            None
+        } else {
+            let region = self
+                .regions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&rkey)
+                .and_then(Weak::upgrade)
+                .ok_or(WcStatus::RemoteAccess)?;
+            let start = remote_addr
+                .checked_sub(region.addr)
+                .ok_or(WcStatus::RemoteAccess)?;
+            let end = start
+                .checked_add(data.len() as u64)
+                .ok_or(WcStatus::RemoteAccess)?;
+            if end > region.len as u64 {
+                return Err(WcStatus::RemoteAccess);
+            }
+            Some((region, start as usize))
+        };
+        if !self.take_recv() {
+            return Err(WcStatus::RnrRetryExceeded);
+        }
+        if let Some((region, start)) = region {
+            let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
+            bytes[start..start + data.len()].copy_from_slice(data);
+        }
+        self.push(Completion {
+            wr_id: 0,
+            qp_num,
+            kind: CompletionKind::RecvImm {
+                imm,
+                byte_len: data.len() as u32,
+            },
+            status: WcStatus::Success,
+        });
+        Ok(())
+    }
+}
+
+impl SoftFabric {
+    /// A new context with the default RNR timeout.
+    pub fn new() -> SoftFabric {
+        SoftFabric::with_rnr_timeout(DEFAULT_RNR_TIMEOUT)
+    }
+
+    /// A new context whose incoming writes wait at most `rnr_timeout` for a receive.
+    pub fn with_rnr_timeout(rnr_timeout: Duration) -> SoftFabric {
+        SoftFabric {
+            ctx: Arc::new(Ctx {
+                regions: Mutex::new(HashMap::new()),
+                cq: Mutex::new(Cq::default()),
+                cq_cond: Condvar::new(),
+                srq: AtomicU64::new(0),
+                srq_waiters: Mutex::new(0),
+                srq_cond: Condvar::new(),
+                rnr_timeout,
+            }),
+        }
+    }
+
+    /// Receives posted and not yet consumed.
+    pub fn srq_posted(&self) -> u64 {
+        self.ctx.srq.load(Ordering::Acquire)
+    }
+}
+
+impl Default for SoftFabric {
+    fn default() -> Self {
+        SoftFabric::new()
+    }
+}
+
+struct RegionInner {
+    addr: u64,
+    len: usize,
+    rkey: u32,
+    data: RwLock<Box<[u8]>>,
+    ctx: Weak<Ctx>,
+}
+
+impl Drop for RegionInner {
+    fn drop(&mut self) {
+        if self.rkey != 0 {
+            if let Some(ctx) = self.ctx.upgrade() {
+                ctx.regions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&self.rkey);
+            }
+        }
+    }
+}
+
+/// Memory registered with a [`SoftFabric`].
+#[derive(Clone)]
+pub struct SoftRegion {
+    inner: Arc<RegionInner>,
+}
+
+impl std::fmt::Debug for SoftRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftRegion")
+            .field("addr", &format_args!("{:#x}", self.inner.addr))
+            .field("len", &self.inner.len)
+            .field("rkey", &format_args!("{:#x}", self.inner.rkey))
+            .finish()
+    }
+}
+
+impl Region for SoftRegion {
+    fn addr(&self) -> u64 {
+        self.inner.addr
+    }
+    fn len(&self) -> usize {
+        self.inner.len
+    }
+    fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+    fn read<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        let bytes = self.inner.data.read().unwrap_or_else(|e| e.into_inner());
+        f(&bytes[offset..offset + len])
+    }
+    fn write<R>(&self, offset: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let mut bytes = self.inner.data.write().unwrap_or_else(|e| e.into_inner());
+        f(&mut bytes[offset..offset + len])
+    }
+}
+
+/// How a soft queue pair reaches its peer.
+enum Wire {
+    Mem(mem::MemWire),
+    Tcp(tcp::TcpWire),
+}
+
+/// A connected soft queue pair.
+pub struct SoftQp {
+    qp_num: u32,
+    ctx: Arc<Ctx>,
+    dead: Arc<AtomicBool>,
+    wire: Wire,
+}
+
+impl std::fmt::Debug for SoftQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftQp")
+            .field("qp_num", &self.qp_num)
+            .field("dead", &self.dead.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl SoftQp {
+    fn fail(&self, wr_id: u64, status: WcStatus) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            self.ctx.push(Completion {
+                wr_id,
+                qp_num: self.qp_num,
+                kind: CompletionKind::Send,
+                status,
+            });
+        }
+    }
+}
+
+impl QueuePair for SoftQp {
+    type Region = SoftRegion;
+
+    fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    fn post_write_imm(&mut self, wr: &WriteImm<'_, SoftRegion>) -> Result<(), FabricError> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(FabricError {
+                op: "post_write_imm",
+                kind: super::FabricErrorKind::QpDead,
+            });
+        }
+        let result = match &mut self.wire {
+            Wire::Mem(w) => match wr.local {
+                Some((region, off, len)) => region.read(off, len, |data| w.write(wr, data)),
+                None => w.write(wr, &[]),
+            },
+            Wire::Tcp(w) => match wr.local {
+                Some((region, off, len)) => region.read(off, len, |data| w.write(wr, data)),
+                None => w.write(wr, &[]),
+            },
+        };
+        match result {
+            Ok(()) if wr.signaled => self.ctx.push(Completion {
+                wr_id: wr.wr_id,
+                qp_num: self.qp_num,
+                kind: CompletionKind::Send,
+                status: WcStatus::Success,
+            }),
+            Ok(()) => {}
+            Err(status) => self.fail(wr.wr_id, status),
+        }
+        Ok(())
+    }
+
+    fn send_queue_depth(&self) -> usize {
+        SOFT_SQ_DEPTH
+    }
+
+    fn established(&mut self) -> Result<(), FabricError> {
+        match &mut self.wire {
+            Wire::Mem(w) => w.established(),
+            Wire::Tcp(w) => w.established(),
+        }
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        self.dead.store(true, Ordering::Release);
+        match &mut self.wire {
+            Wire::Mem(w) => w.close(),
+            Wire::Tcp(w) => w.close(),
+        }
+    }
+}
+
+/// Listens for `mem://` or `tcp://` connections.
+pub enum SoftListener {
+    /// In-process.
+    Mem(mem::MemListener),
+    /// Over TCP.
+    Tcp(tcp::TcpListener),
+}
+
+impl std::fmt::Debug for SoftListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use super::Listener;
+        write!(f, "SoftListener({})", self.local_url())
+    }
+}
+
+/// A connection attempt accepted by a [`SoftListener`].
+pub enum SoftIncoming {
+    /// In-process.
+    Mem(mem::MemIncoming),
+    /// Over TCP.
+    Tcp(std::net::TcpStream),
+}
+
+impl super::Listener<SoftFabric> for SoftListener {
+    fn next(&self) -> Result<Option<SoftIncoming>, FabricError> {
+        match self {
+            SoftListener::Mem(l) => Ok(l.next().map(SoftIncoming::Mem)),
+            SoftListener::Tcp(l) => Ok(l.next()?.map(SoftIncoming::Tcp)),
+        }
+    }
+    fn local_url(&self) -> String {
+        match self {
+            SoftListener::Mem(l) => l.local_url(),
+            SoftListener::Tcp(l) => l.local_url(),
+        }
+    }
+    fn close(&self) {
+        match self {
+            SoftListener::Mem(l) => l.close(),
+            SoftListener::Tcp(l) => l.close(),
+        }
+    }
+}
+
+impl Fabric for SoftFabric {
+    type Region = SoftRegion;
+    type Qp = SoftQp;
+    type Listener = SoftListener;
+    type Incoming = SoftIncoming;
+
+    fn register(&self, len: usize, remote_write: bool) -> Result<SoftRegion, FabricError> {
+        let id = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
+        // Virtual addresses: disjoint per region, with a guard gap between them.
+        let addr = 0x1000_0000_0000u64 + (id << 36);
+        // Non-zero, hard-to-guess-by-accident rkeys.
+        let rkey = if remote_write {
+            ((id as u32).wrapping_mul(0x9E37_79B1) | 1).rotate_left(7)
+        } else {
+            0
+        };
+        let inner = Arc::new(RegionInner {
+            addr,
+            len,
+            rkey,
+            data: RwLock::new(vec![0u8; len].into_boxed_slice()),
+            ctx: Arc::downgrade(&self.ctx),
+        });
+        if remote_write {
+            self.ctx
+                .regions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(rkey, Arc::downgrade(&inner));
+        }
+        Ok(SoftRegion { inner })
+    }
+
+    fn post_recv(&self, count: u32) -> Result<(), FabricError> {
+        self.ctx.srq.fetch_add(count as u64, Ordering::AcqRel);
+        let waiters = self
+            .ctx
+            .srq_waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *waiters > 0 {
+            self.ctx.srq_cond.notify_all();
+        }
+        Ok(())
+    }
+
+    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let mut cq = self.ctx.cq.lock().unwrap_or_else(|e| e.into_inner());
+        let n = cq.entries.len().min(max);
+        out.extend(cq.entries.drain(..n));
+        n
+    }
+
+    fn wait(&self, timeout: Option<Duration>) {
+        let mut cq = self.ctx.cq.lock().unwrap_or_else(|e| e.into_inner());
+        if cq.interrupted || !cq.entries.is_empty() {
+            cq.interrupted = false;
+            return;
+        }
+        cq.sleeping = true;
+        cq = match timeout {
+            Some(t) => {
+                self.ctx
+                    .cq_cond
+                    .wait_timeout(cq, t)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+            None => self.ctx.cq_cond.wait(cq).unwrap_or_else(|e| e.into_inner()),
+        };
+        cq.sleeping = false;
+        cq.interrupted = false;
+    }
+
+    fn interrupt(&self) {
+        let mut cq = self.ctx.cq.lock().unwrap_or_else(|e| e.into_inner());
+        cq.interrupted = true;
+        self.ctx.cq_cond.notify_all();
+    }
+
+    fn listen(&self, url: &FabricUrl) -> Result<SoftListener, FabricError> {
+        match url.scheme {
+            Scheme::Mem => Ok(SoftListener::Mem(mem::MemListener::bind(&url.host)?)),
+            Scheme::Tcp => Ok(SoftListener::Tcp(tcp::TcpListener::bind(url)?)),
+            Scheme::Rdma => Err(FabricError::invalid(
+                "listen",
+                "the soft fabric serves mem:// and tcp:// only",
+            )),
+        }
+    }
+
+    fn connect(
+        &self,
+        url: &FabricUrl,
+        local: LocalSetup<'_, SoftRegion>,
+    ) -> Result<Connected<SoftQp>, FabricError> {
+        match url.scheme {
+            Scheme::Mem => mem::connect(&self.ctx, &url.host, local),
+            Scheme::Tcp => tcp::connect(&self.ctx, url, local),
+            Scheme::Rdma => Err(FabricError::invalid(
+                "connect",
+                "the soft fabric serves mem:// and tcp:// only",
+            )),
+        }
+    }
+
+    fn accept(
+        &self,
+        incoming: SoftIncoming,
+        local: LocalSetup<'_, SoftRegion>,
+    ) -> Result<Connected<SoftQp>, FabricError> {
+        match incoming {
+            SoftIncoming::Mem(i) => mem::accept(&self.ctx, i, local),
+            SoftIncoming::Tcp(s) => tcp::accept(&self.ctx, s, local),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
