@@ -1,23 +1,166 @@
 //! The client side: [`Channel`] and [`UnaryCall`].
 
+use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role};
+use crate::fabric::soft::SoftFabric;
+use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
+use crate::protocol::{CallId, CallTable, FrameKind};
 use crate::server::MethodDescriptor;
-use crate::{Request, Response, Status};
+use crate::{Code, Metadata, Request, Response, Status};
+use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
-/// A connection to a server (stub).
-#[derive(Clone, Debug)]
-pub struct Channel {}
+/// A connection to one server, shared by every clone.
+///
+/// ```no_run
+/// # fn main() -> Result<(), rpc_core::Status> {
+/// let channel = rpc_core::Channel::builder("tcp://127.0.0.1:7471")
+///     .timeout(std::time::Duration::from_secs(1))
+///     .connect()?;
+/// # Ok(()) }
+/// ```
+///
+/// Calls from any number of threads or tasks share the connection; each is
+/// one frame in the server's receive ring and one back. When the ring is
+/// full, calls queue (or fail with `ResourceExhausted` if they ask to fail
+/// fast). When the connection fails, pending and later calls fail with
+/// `Unavailable`; connect again to recover.
+#[derive(Clone)]
+pub struct Channel {
+    inner: Arc<Handle>,
+}
 
-impl Channel {
-    /// Connects to `url`.
-    pub fn connect(url: &str) -> Result<Channel, Status> {
-        todo!("{url}")
+/// Dropping the last clone stops the poller and closes the connection.
+struct Handle {
+    client: ClientInner,
+    url: String,
+    default_timeout: Option<Duration>,
+}
+
+enum ClientInner {
+    Soft(Client<SoftFabric>),
+}
+
+struct Client<F: Fabric> {
+    ep: Arc<Endpoint<F, ClientRole<F>>>,
+    conn: Arc<Conn<F>>,
+    poller: Option<std::thread::JoinHandle<()>>,
+}
+
+impl<F: Fabric> Drop for Client<F> {
+    fn drop(&mut self) {
+        self.ep.close(&self.conn, "channel dropped");
+        self.ep.stop();
+        if let Some(t) = self.poller.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Channel")
+            .field("url", &self.inner.url)
+            .finish()
+    }
+}
+
+/// Configures and opens a [`Channel`].
+#[derive(Debug, Clone)]
+pub struct ChannelBuilder {
+    url: String,
+    config: Config,
+    timeout: Option<Duration>,
+}
+
+impl ChannelBuilder {
+    /// Default timeout of every call (none by default); [`Request::set_timeout`] overrides it.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
-    /// Starts a unary call.
+    /// How long connecting may take (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// Size of the receive ring for responses, in bytes: a power of two
+    /// (default 2 MiB). Responses up to half of it, less a 32-byte header, fit.
+    pub fn ring_size(mut self, bytes: usize) -> Self {
+        self.config.ring_size = bytes;
+        self.config.max_message = (bytes / 2).saturating_sub(crate::protocol::HEADER_LEN);
+        self
+    }
+
+    /// How long the poller spins before it blocks when idle (default 50 µs).
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.config.spin = spin;
+        self
+    }
+
+    /// Connects.
+    pub fn connect(self) -> Result<Channel, Status> {
+        self.config.validate()?;
+        let url = FabricUrl::parse(&self.url)?;
+        let client = match url.scheme {
+            Scheme::Mem | Scheme::Tcp => {
+                ClientInner::Soft(Client::connect(SoftFabric::new(), &url, self.config)?)
+            }
+            Scheme::Rdma => return Err(crate::fabric::rdma_unavailable()),
+        };
+        Ok(Channel {
+            inner: Arc::new(Handle {
+                client,
+                url: url.to_string(),
+                default_timeout: self.timeout,
+            }),
+        })
+    }
+}
+
+impl Channel {
+    /// Connects to `url` with default settings: `mem://name`, `tcp://host:port` or `rdma://host:port`.
+    pub fn connect(url: &str) -> Result<Channel, Status> {
+        Channel::builder(url).connect()
+    }
+
+    /// A builder for a channel to `url`.
+    pub fn builder(url: &str) -> ChannelBuilder {
+        ChannelBuilder {
+            url: url.to_owned(),
+            config: Config::default(),
+            timeout: None,
+        }
+    }
+
+    /// The URL this channel connected to.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// Whether the connection is still up.
+    pub fn is_connected(&self) -> bool {
+        match &self.inner.client {
+            ClientInner::Soft(c) => c.conn.is_alive(),
+        }
+    }
+
+    /// Responses dropped because they arrived after their call ended (timed
+    /// out or cancelled), or named no call.
+    pub fn stale_responses(&self) -> u64 {
+        match &self.inner.client {
+            ClientInner::Soft(c) => c.ep.role.calls().stale(),
+        }
+    }
+
+    /// Starts a unary call; generated clients call this.
+    #[doc(hidden)]
     pub fn unary<Req, Resp>(
         &self,
         method: &'static MethodDescriptor,
@@ -27,26 +170,347 @@ impl Channel {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
-        todo!("{method:?} {}", request.get_ref().encoded_len())
+        let timeout = request.timeout().or(self.inner.default_timeout);
+        let span = tracing::trace_span!("call", method = method.path);
+        let _guard = span.enter();
+        let started = match &self.inner.client {
+            ClientInner::Soft(c) => c.start(method.id, &request, timeout),
+        };
+        match started {
+            Ok((id, slot)) => UnaryCall {
+                slot: Some(slot),
+                id,
+                canceller: Some(self.clone()),
+                _t: PhantomData,
+            },
+            Err(status) => UnaryCall::failed(status),
+        }
+    }
+
+    fn cancel(&self, id: CallId) {
+        match &self.inner.client {
+            ClientInner::Soft(c) => c.cancel(id),
+        }
     }
 }
 
-/// A call in flight: `.await` it, or block on it with [`UnaryCall::wait`].
+impl<F: Fabric> Client<F> {
+    fn connect(fabric: F, url: &FabricUrl, config: Config) -> Result<Client<F>, Status> {
+        let ep = Endpoint::new(fabric, config, ClientRole::default())?;
+        let (ring, staging) = ep.register_rings()?;
+        let local = LocalSetup {
+            ring: &ring,
+            max_message: ep.config.max_message as u32,
+            timeout: ep.config.connect_timeout,
+        };
+        let connected = ep.fabric.connect(url, local)?;
+        let conn = ep.add(connected, ring, staging)?;
+        tracing::debug!(%url, qp_num = conn.qp_num, "connected");
+        let runner = ep.clone();
+        let poller = std::thread::Builder::new()
+            .name(format!("rpc-client-{}", conn.qp_num))
+            .spawn(move || runner.run())
+            .map_err(|e| Status::internal(format!("cannot spawn the poller: {e}")))?;
+        Ok(Client {
+            ep,
+            conn,
+            poller: Some(poller),
+        })
+    }
+
+    fn start<Req: prost::Message>(
+        &self,
+        method_id: u32,
+        request: &Request<Req>,
+        timeout: Option<Duration>,
+    ) -> Result<(CallId, Arc<CallSlot>), Status> {
+        let slot = Arc::new(CallSlot::default());
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let id = self.ep.role.calls().insert(slot.clone(), deadline);
+        if let Some(at) = deadline {
+            self.ep.wake_by(at);
+        }
+        let message = request.get_ref();
+        let frame = OutFrame {
+            kind: FrameKind::Request,
+            call_id: id,
+            method_id,
+            status: 0,
+            timeout_us: timeout.map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32),
+            metadata: Some(request.metadata()),
+            payload_len: message.encoded_len(),
+        };
+        let sent = self.conn.send(&frame, request.fail_fast(), &mut |buf| {
+            encode_exact(message, buf)
+        });
+        if let Err(e) = sent {
+            self.ep.role.calls().remove(id);
+            return Err(e.into());
+        }
+        Ok((id, slot))
+    }
+
+    fn cancel(&self, id: CallId) {
+        if self.ep.role.calls().remove(id).is_some() {
+            send_cancel(&self.conn, id);
+        }
+    }
+}
+
+/// Encodes `message` into a buffer of exactly its encoded length.
+pub(crate) fn encode_exact(message: &impl prost::Message, mut buf: &mut [u8]) {
+    message.encode_raw(&mut buf);
+    debug_assert!(buf.is_empty(), "encoded_len disagreed with encode");
+}
+
+fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {
+    let frame = OutFrame {
+        kind: FrameKind::Cancel,
+        call_id: id,
+        method_id: 0,
+        status: 0,
+        timeout_us: 0,
+        metadata: None,
+        payload_len: 0,
+    };
+    let _ = conn.send(&frame, true, &mut |_| {});
+}
+
+/// The client's side of the dispatcher: completes calls.
+struct ClientRole<F: Fabric> {
+    calls: Mutex<CallTable<Arc<CallSlot>>>,
+    _f: PhantomData<fn() -> F>,
+}
+
+impl<F: Fabric> Default for ClientRole<F> {
+    fn default() -> Self {
+        ClientRole {
+            calls: Mutex::new(CallTable::new()),
+            _f: PhantomData,
+        }
+    }
+}
+
+impl<F: Fabric> ClientRole<F> {
+    fn calls(&self) -> std::sync::MutexGuard<'_, CallTable<Arc<CallSlot>>> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<F: Fabric> Role<F> for ClientRole<F> {
+    fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
+        let result = match frame.header.kind {
+            FrameKind::Response => match frame.metadata {
+                Some(metadata) => Ok(RawReply {
+                    metadata,
+                    payload: frame.payload,
+                }),
+                None => Err(Status::internal("server sent malformed response metadata")),
+            },
+            FrameKind::Error => {
+                let message = String::from_utf8_lossy(&frame.payload).into_owned();
+                Err(Status::new(Code::from_u16(frame.header.status), message))
+            }
+            FrameKind::Credit => return,
+            kind => {
+                tracing::warn!(
+                    qp_num = conn.qp_num,
+                    ?kind,
+                    "closing connection: server sent a client-bound frame kind"
+                );
+                ep.close(conn, "server sent an unexpected frame kind");
+                return;
+            }
+        };
+        let slot = self.calls().complete(frame.header.call_id);
+        match slot {
+            Some(slot) => slot.complete(result),
+            None => tracing::debug!(
+                call_id = frame.header.call_id.0,
+                "dropped a response to a call that already ended"
+            ),
+        }
+    }
+
+    fn on_lost(&self, _conn: &Arc<Conn<F>>, why: &str) {
+        tracing::info!(%why, "connection lost");
+        let calls = self.calls().drain();
+        for (_, slot) in calls {
+            slot.complete(Err(Status::unavailable(format!("connection lost: {why}"))));
+        }
+    }
+
+    fn on_tick(&self, ep: &Endpoint<F, Self>, now: Instant) -> Option<Instant> {
+        let mut expired = Vec::new();
+        let next = {
+            let mut calls = self.calls();
+            while let Some(e) = calls.pop_expired(now) {
+                expired.push(e);
+            }
+            calls.next_deadline()
+        };
+        if !expired.is_empty() {
+            let conn = ep.connections().into_iter().next();
+            for (id, slot) in expired {
+                slot.complete(Err(Status::deadline_exceeded(
+                    "deadline exceeded before the response arrived",
+                )));
+                if let Some(conn) = &conn {
+                    send_cancel(conn, id);
+                }
+            }
+        }
+        next
+    }
+}
+
+/// A response as received, before decoding.
 #[derive(Debug)]
+struct RawReply {
+    metadata: Metadata,
+    payload: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+enum SlotState {
+    #[default]
+    Waiting,
+    Parked(Waker),
+    Done(Result<RawReply, Status>),
+    Taken,
+}
+
+/// Where the poller leaves a call's outcome for the caller.
+#[derive(Debug, Default)]
+struct CallSlot {
+    state: Mutex<SlotState>,
+    cond: Condvar,
+}
+
+impl CallSlot {
+    fn complete(&self, result: Result<RawReply, Status>) {
+        let waker = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            match std::mem::replace(&mut *state, SlotState::Done(result)) {
+                SlotState::Parked(w) => Some(w),
+                SlotState::Waiting => None,
+                // Already completed (deadline raced a response): keep the first outcome.
+                prev @ (SlotState::Done(_) | SlotState::Taken) => {
+                    *state = prev;
+                    None
+                }
+            }
+        };
+        self.cond.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    fn wait(&self) -> Result<RawReply, Status> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match std::mem::replace(&mut *state, SlotState::Taken) {
+                SlotState::Done(r) => return r,
+                SlotState::Taken => return Err(Status::internal("call result already taken")),
+                other => {
+                    *state = other;
+                    state = self.cond.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+    }
+
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<RawReply, Status>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *state, SlotState::Taken) {
+            SlotState::Done(r) => Poll::Ready(r),
+            SlotState::Taken => Poll::Ready(Err(Status::internal("call polled after completion"))),
+            SlotState::Parked(w) if w.will_wake(cx.waker()) => {
+                *state = SlotState::Parked(w);
+                Poll::Pending
+            }
+            SlotState::Parked(_) | SlotState::Waiting => {
+                *state = SlotState::Parked(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// A call in flight: `.await` it from any executor, or block on it with
+/// [`UnaryCall::wait`]. Dropping it unfinished cancels the call.
+#[must_use = "a call does nothing useful unless awaited or waited on"]
 pub struct UnaryCall<T> {
-    _t: PhantomData<T>,
+    slot: Option<Arc<CallSlot>>,
+    id: CallId,
+    canceller: Option<Channel>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for UnaryCall<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UnaryCall").field("id", &self.id.0).finish()
+    }
+}
+
+impl<T> UnaryCall<T> {
+    fn failed(status: Status) -> UnaryCall<T> {
+        let slot = CallSlot::default();
+        slot.complete(Err(status));
+        UnaryCall {
+            slot: Some(Arc::new(slot)),
+            id: CallId(0),
+            canceller: None,
+            _t: PhantomData,
+        }
+    }
+}
+
+fn decode_reply<T: prost::Message + Default>(
+    r: Result<RawReply, Status>,
+) -> Result<Response<T>, Status> {
+    let RawReply { metadata, payload } = r?;
+    let message = T::decode(&payload[..]).map_err(|e| {
+        Status::internal(format!(
+            "response is not a valid {}: {e}",
+            std::any::type_name::<T>()
+        ))
+    })?;
+    Ok(Response::from_parts(metadata, message))
 }
 
 impl<T: prost::Message + Default> UnaryCall<T> {
     /// Blocks the current thread until the response arrives.
-    pub fn wait(self) -> Result<Response<T>, Status> {
-        todo!()
+    pub fn wait(mut self) -> Result<Response<T>, Status> {
+        let slot = self.slot.take().expect("slot present until completion");
+        self.canceller = None;
+        decode_reply(slot.wait())
     }
 }
 
 impl<T: prost::Message + Default> Future for UnaryCall<T> {
     type Output = Result<Response<T>, Status>;
-    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
-        todo!()
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(slot) = self.slot.as_ref() else {
+            return Poll::Ready(Err(Status::internal("call polled after completion")));
+        };
+        match slot.poll(cx) {
+            Poll::Ready(r) => {
+                self.slot = None;
+                self.canceller = None;
+                Poll::Ready(decode_reply(r))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T> Drop for UnaryCall<T> {
+    fn drop(&mut self) {
+        if let (Some(_), Some(channel)) = (self.slot.take(), self.canceller.take()) {
+            channel.cancel(self.id);
+        }
     }
 }

@@ -6,6 +6,7 @@
 pub mod bootstrap;
 pub mod client;
 pub mod codegen;
+mod dispatch;
 pub mod fabric;
 mod metadata;
 pub mod protocol;
@@ -13,10 +14,11 @@ mod request;
 pub mod server;
 mod status;
 
+pub use client::ChannelBuilder;
 pub use client::{Channel, UnaryCall};
 pub use metadata::{InvalidMetadataKey, Metadata};
 pub use request::{IntoRequest, Request, Response};
-pub use server::{Server, ServerCall, Service};
+pub use server::{Server, ServerBuilder, ServerCall, ServerHandle, Service};
 pub use status::{Code, Status};
 
 /// Includes the code `rpc_codegen` generated for a protobuf package.

@@ -301,3 +301,11 @@ impl From<FabricError> for crate::Status {
         }
     }
 }
+
+/// The error for `rdma://` when this build or host cannot do RDMA.
+pub(crate) fn rdma_unavailable() -> crate::Status {
+    crate::Status::unavailable(
+        "rdma://: no RDMA device was found (this build has no verbs fabric); \
+         use tcp://host:port for the software fabric over TCP, or mem://name within one process",
+    )
+}

@@ -1,0 +1,673 @@
+//! The dispatcher: one poller per context turns the completion queue and
+//! maps each completion to its connection (by `qp_num`) and each frame to
+//! the pending call or the handler; connections own the send path.
+
+use crate::fabric::{
+    Completion, CompletionKind, Connected, Fabric, PeerRing, QueuePair, Region, WcStatus, WriteImm,
+};
+use crate::protocol::{
+    ALIGN, CallId, CreditReturn, Doorbell, FrameKind, HEADER_LEN, Header, RecvRing, SendRing,
+    credits::apply_ack,
+};
+use crate::{Metadata, Status};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+/// One signaled write every this many, to reclaim send-queue entries.
+pub(crate) const SIGNAL_EVERY: usize = 16;
+/// Completions taken from the CQ per poll.
+const POLL_BATCH: usize = 64;
+
+/// Tunables shared by clients and servers.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    /// Receive ring per connection, bytes (power of two).
+    pub ring_size: usize,
+    /// Largest message (metadata + payload) accepted, bytes.
+    pub max_message: usize,
+    /// Bytes of encoded frames a connection may queue while the peer's ring is full.
+    pub max_backlog: usize,
+    /// Zero-length receives kept posted on the shared receive queue.
+    pub srq_depth: u32,
+    /// How long the poller spins on an empty queue before it blocks.
+    pub spin: Duration,
+    /// Connection set-up time limit.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        let ring_size = 1 << 21;
+        Config {
+            ring_size,
+            max_message: ring_size / 2 - HEADER_LEN,
+            max_backlog: 64 << 20,
+            srq_depth: 4096,
+            spin: Duration::from_micros(50),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn validate(&self) -> Result<(), Status> {
+        crate::protocol::ring::check_capacity(self.ring_size)
+            .map_err(|e| Status::invalid_argument(format!("ring size: {e}")))?;
+        let largest = self.ring_size / 2 - HEADER_LEN;
+        if self.max_message > largest || self.max_message > u32::MAX as usize {
+            return Err(Status::invalid_argument(format!(
+                "max message size {} exceeds what a {}-byte ring holds ({largest})",
+                self.max_message, self.ring_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A decoded incoming frame, copied out of the ring.
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub header: Header,
+    pub metadata: Option<Metadata>,
+    pub payload: Vec<u8>,
+}
+
+/// What a context does with frames: answer calls (client) or run handlers (server).
+pub(crate) trait Role<F: Fabric>: Send + Sync + Sized + 'static {
+    /// A well-formed frame arrived on `conn`.
+    fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame);
+    /// `conn` failed or closed.
+    fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str);
+    /// Timers: called when the poller wakes; returns when next to wake.
+    fn on_tick(&self, ep: &Endpoint<F, Self>, now: Instant) -> Option<Instant>;
+}
+
+/// A fabric context, its connections, and what to do with their frames.
+pub(crate) struct Endpoint<F: Fabric, R> {
+    pub fabric: F,
+    pub config: Config,
+    pub role: R,
+    conns: RwLock<HashMap<u32, Arc<Conn<F>>>>,
+    stop: AtomicBool,
+    /// When the poller plans to wake (ns since `epoch`; u64::MAX = not before a completion).
+    planned_wake: AtomicU64,
+    epoch: Instant,
+}
+
+impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
+    pub(crate) fn new(fabric: F, config: Config, role: R) -> Result<Arc<Self>, Status> {
+        fabric.post_recv(config.srq_depth)?;
+        Ok(Arc::new(Endpoint {
+            fabric,
+            config,
+            role,
+            conns: RwLock::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            planned_wake: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+        }))
+    }
+
+    /// Registers the rings of a new connection.
+    pub(crate) fn register_rings(&self) -> Result<(F::Region, F::Region), Status> {
+        let ring = self.fabric.register(self.config.ring_size, true)?;
+        Ok((ring, self.fabric.register(self.config.ring_size, false)?))
+    }
+
+    /// Adds a connected queue pair; from now on its completions are dispatched.
+    pub(crate) fn add(
+        &self,
+        c: Connected<F::Qp>,
+        recv: F::Region,
+        staging: F::Region,
+    ) -> Result<Arc<Conn<F>>, Status> {
+        let conn = Arc::new(Conn::new(c, recv, staging, self.config.max_backlog)?);
+        self.conns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(conn.qp_num, conn.clone());
+        tracing::debug!(qp_num = conn.qp_num, peer = %conn.peer_addr, "connection established");
+        Ok(conn)
+    }
+
+    pub(crate) fn conn(&self, qp_num: u32) -> Option<Arc<Conn<F>>> {
+        self.conns
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qp_num)
+            .cloned()
+    }
+
+    pub(crate) fn connections(&self) -> Vec<Arc<Conn<F>>> {
+        self.conns
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Fails `conn`: its queue pair is destroyed and the role told.
+    pub(crate) fn close(&self, conn: &Arc<Conn<F>>, why: &str) {
+        let removed = self
+            .conns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&conn.qp_num)
+            .is_some();
+        conn.kill(why);
+        if removed {
+            self.role.on_lost(conn, why);
+        }
+    }
+
+    /// Asks the poller to exit.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.fabric.interrupt();
+    }
+
+    /// Makes the poller wake by `at` if it planned to sleep longer.
+    pub(crate) fn wake_by(&self, at: Instant) {
+        let at = at.saturating_duration_since(self.epoch).as_nanos() as u64;
+        if at < self.planned_wake.load(Ordering::Acquire) {
+            self.fabric.interrupt();
+        }
+    }
+
+    /// The poller: spin briefly on an empty queue, then block.
+    pub(crate) fn run(self: &Arc<Self>) {
+        let mut batch = Vec::with_capacity(POLL_BATCH);
+        let mut touched: Vec<Arc<Conn<F>>> = Vec::new();
+        let mut consumed_recvs: u32 = 0;
+        let mut idle_since: Option<Instant> = None;
+        let mut next_tick = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            batch.clear();
+            if self.fabric.poll(&mut batch, POLL_BATCH) > 0 {
+                idle_since = None;
+                for c in &batch {
+                    if let CompletionKind::RecvImm { .. } = c.kind {
+                        consumed_recvs += 1;
+                    }
+                    self.handle(c, &mut touched);
+                }
+                for conn in touched.drain(..) {
+                    conn.after_batch();
+                    if let Some(why) = conn.take_failure() {
+                        self.close(&conn, &why);
+                    }
+                }
+                // Keep the SRQ stocked well above what is in flight.
+                if consumed_recvs >= self.config.srq_depth / 4 {
+                    if let Err(e) = self.fabric.post_recv(consumed_recvs) {
+                        tracing::error!(error = %e, "cannot replenish the shared receive queue");
+                    } else {
+                        consumed_recvs = 0;
+                    }
+                }
+                let now = Instant::now();
+                if now >= next_tick {
+                    next_tick = self
+                        .role
+                        .on_tick(self, now)
+                        .unwrap_or(now + Duration::from_secs(3600));
+                }
+                continue;
+            }
+            if consumed_recvs > 0 {
+                let _ = self
+                    .fabric
+                    .post_recv(consumed_recvs)
+                    .map(|()| consumed_recvs = 0);
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = self
+                    .role
+                    .on_tick(self, now)
+                    .unwrap_or(now + Duration::from_secs(3600));
+            }
+            let idle = *idle_since.get_or_insert(now);
+            if now.duration_since(idle) < self.config.spin {
+                std::hint::spin_loop();
+                std::thread::yield_now();
+                continue;
+            }
+            let sleep = next_tick.saturating_duration_since(now);
+            self.planned_wake.store(
+                next_tick.saturating_duration_since(self.epoch).as_nanos() as u64,
+                Ordering::Release,
+            );
+            self.fabric.wait(Some(sleep.min(Duration::from_secs(1))));
+            self.planned_wake.store(0, Ordering::Release);
+            idle_since = None;
+        }
+    }
+
+    fn handle(self: &Arc<Self>, c: &Completion, touched: &mut Vec<Arc<Conn<F>>>) {
+        let Some(conn) = self.conn(c.qp_num) else {
+            tracing::trace!(qp_num = c.qp_num, ?c.status, "completion for a closed connection");
+            return;
+        };
+        if c.status != WcStatus::Success {
+            let why = match c.status {
+                WcStatus::RetryExceeded => {
+                    "peer closed the connection or is unreachable".to_owned()
+                }
+                WcStatus::RemoteAccess => "remote access error (bad rkey or bounds)".to_owned(),
+                WcStatus::RnrRetryExceeded => {
+                    "peer not ready to receive (RNR retries exhausted)".to_owned()
+                }
+                s => format!("completion error {s:?}"),
+            };
+            self.close(&conn, &why);
+            return;
+        }
+        match c.kind {
+            CompletionKind::Send => conn.on_send_completion(c.wr_id),
+            CompletionKind::RecvImm { imm, byte_len } => {
+                match conn.on_doorbell(imm, byte_len, self.config.max_message) {
+                    Ok(Some(frame)) => self.role.on_frame(self, &conn, frame),
+                    Ok(None) => {}
+                    Err(why) => {
+                        tracing::warn!(qp_num = conn.qp_num, peer = %conn.peer_addr, %why, "closing connection: protocol violation");
+                        self.close(&conn, &why);
+                        return;
+                    }
+                }
+                if !touched.iter().any(|t| Arc::ptr_eq(t, &conn)) {
+                    touched.push(conn);
+                }
+            }
+        }
+    }
+}
+
+/// Frames waiting for ring (or send-queue) space, fully encoded.
+struct Backlog {
+    frames: VecDeque<Vec<u8>>,
+    bytes: usize,
+}
+
+struct SendState<F: Fabric> {
+    qp: Option<F::Qp>,
+    staging: F::Region,
+    ring: SendRing,
+    credits: CreditReturn,
+    backlog: Backlog,
+    /// Writes posted, and the last one known complete (send-queue accounting).
+    posted: u64,
+    completed: u64,
+    sq_depth: u64,
+    dead: Option<String>,
+}
+
+/// Why a frame could not be sent.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The connection is gone.
+    Closed(String),
+    /// The frame can never fit (larger than the peer accepts).
+    TooLarge { len: usize, max: usize },
+    /// Ring full and the caller asked not to wait, or the backlog is full.
+    Full(&'static str),
+    /// Metadata larger than a frame can carry.
+    Metadata(usize),
+}
+
+impl From<SendError> for Status {
+    fn from(e: SendError) -> Status {
+        match e {
+            SendError::Closed(why) => Status::unavailable(format!("connection closed: {why}")),
+            SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
+                "message of {len} bytes exceeds the peer's limit of {max} bytes"
+            )),
+            SendError::Full(why) => Status::resource_exhausted(why),
+            SendError::Metadata(len) => Status::invalid_argument(format!(
+                "metadata of {len} bytes exceeds the limit of {} bytes",
+                crate::metadata::MAX_ENCODED_LEN
+            )),
+        }
+    }
+}
+
+/// A frame to send: everything but the ack, which is stamped at posting.
+pub(crate) struct OutFrame<'a> {
+    pub kind: FrameKind,
+    pub call_id: CallId,
+    pub method_id: u32,
+    pub status: u16,
+    pub timeout_us: u32,
+    pub metadata: Option<&'a Metadata>,
+    pub payload_len: usize,
+}
+
+/// One connection: its queue pair, its receive ring and the peer's.
+pub(crate) struct Conn<F: Fabric> {
+    pub qp_num: u32,
+    pub peer_addr: String,
+    peer: PeerRing,
+    recv_region: F::Region,
+    recv: Mutex<RecvRing>,
+    send: Mutex<SendState<F>>,
+    failure: Mutex<Option<String>>,
+    max_backlog: usize,
+}
+
+impl<F: Fabric> Conn<F> {
+    fn new(
+        c: Connected<F::Qp>,
+        recv_region: F::Region,
+        staging: F::Region,
+        max_backlog: usize,
+    ) -> Result<Conn<F>, Status> {
+        let cap = recv_region.len();
+        let ring_err = |e: crate::protocol::RingError| Status::internal(format!("ring: {e}"));
+        let peer_cap =
+            usize::try_from(c.peer.len).map_err(|_| Status::internal("peer ring too large"))?;
+        if staging.len() < peer_cap {
+            return Err(Status::resource_exhausted(format!(
+                "peer ring of {peer_cap} bytes is larger than the local staging area of {} bytes",
+                staging.len()
+            )));
+        }
+        let sq_depth = c.qp.send_queue_depth() as u64;
+        Ok(Conn {
+            qp_num: c.qp.qp_num(),
+            peer_addr: c.peer_addr,
+            peer: c.peer,
+            recv: Mutex::new(RecvRing::new(cap).map_err(ring_err)?),
+            recv_region,
+            send: Mutex::new(SendState {
+                qp: Some(c.qp),
+                staging,
+                ring: SendRing::new(peer_cap).map_err(ring_err)?,
+                credits: CreditReturn::new(cap),
+                backlog: Backlog {
+                    frames: VecDeque::new(),
+                    bytes: 0,
+                },
+                posted: 0,
+                completed: 0,
+                sq_depth,
+                dead: None,
+            }),
+            failure: Mutex::new(None),
+            max_backlog,
+        })
+    }
+
+    fn send_state(&self) -> MutexGuard<'_, SendState<F>> {
+        self.send.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The largest message the peer accepts.
+    pub(crate) fn peer_max_message(&self) -> usize {
+        self.peer.max_message as usize
+    }
+
+    /// Whether the connection is still usable.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.send_state().dead.is_none()
+    }
+
+    /// Tells the handshake's last message (server side) once registered.
+    pub(crate) fn established(&self) -> Result<(), Status> {
+        let mut s = self.send_state();
+        match s.qp.as_mut() {
+            Some(qp) => qp.established().map_err(Status::from),
+            None => Err(Status::unavailable("connection closed during set-up")),
+        }
+    }
+
+    /// Destroys the queue pair (the peer sees it) and drops queued frames.
+    pub(crate) fn kill(&self, why: &str) {
+        let mut s = self.send_state();
+        if s.dead.is_none() {
+            s.dead = Some(why.to_owned());
+        }
+        s.backlog.frames.clear();
+        s.backlog.bytes = 0;
+        s.qp = None;
+    }
+
+    fn set_failure(&self, why: String) {
+        let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(why);
+        }
+    }
+
+    fn take_failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Encodes and posts a frame, or queues it if the peer's ring is full.
+    /// `fill` writes exactly `frame.payload_len` payload bytes.
+    pub(crate) fn send(
+        &self,
+        frame: &OutFrame<'_>,
+        fail_fast: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), SendError> {
+        let md_len = frame.metadata.map_or(0, Metadata::encoded_len);
+        if md_len > crate::metadata::MAX_ENCODED_LEN {
+            return Err(SendError::Metadata(md_len));
+        }
+        let body = md_len + frame.payload_len;
+        if body > self.peer_max_message() {
+            return Err(SendError::TooLarge {
+                len: body,
+                max: self.peer_max_message(),
+            });
+        }
+        let len = HEADER_LEN + body;
+        let header = Header {
+            kind: frame.kind,
+            status: frame.status,
+            method_id: frame.method_id,
+            call_id: frame.call_id,
+            payload_len: frame.payload_len as u32,
+            metadata_len: md_len as u16,
+            timeout_us: frame.timeout_us,
+            ack: 0,
+        };
+        let mut write = |buf: &mut [u8], ack: u32| {
+            let mut h = header;
+            h.ack = ack;
+            h.encode((&mut buf[..HEADER_LEN]).try_into().expect("header slice"));
+            if let Some(md) = frame.metadata {
+                md.encode(&mut buf[HEADER_LEN..HEADER_LEN + md_len]);
+            }
+            fill(&mut buf[HEADER_LEN + md_len..]);
+        };
+        let mut s = self.send_state();
+        if let Some(why) = &s.dead {
+            return Err(SendError::Closed(why.clone()));
+        }
+        if s.backlog.frames.is_empty() && s.sq_room() {
+            match s.ring.reserve(len) {
+                Ok(Some(slot)) => {
+                    let ack = s.credits.take_ack();
+                    s.staging.write(slot.offset, len, |buf| write(buf, ack));
+                    self.post(&mut s, slot.offset, len);
+                    return Ok(());
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    return Err(SendError::TooLarge {
+                        len: body,
+                        max: s.ring.max_frame() - HEADER_LEN,
+                    });
+                }
+            }
+        }
+        if fail_fast {
+            return Err(SendError::Full(
+                "the peer's receive ring is full (fail-fast call)",
+            ));
+        }
+        if s.backlog.bytes + len > self.max_backlog {
+            return Err(SendError::Full(
+                "too many bytes queued for the peer's full receive ring",
+            ));
+        }
+        let mut bytes = vec![0u8; len];
+        write(&mut bytes, 0);
+        s.backlog.bytes += len;
+        s.backlog.frames.push_back(bytes);
+        Ok(())
+    }
+
+    /// Posts the frame staged at `offset`. Marks the connection failed on error.
+    fn post(&self, s: &mut SendState<F>, offset: usize, len: usize) {
+        let imm = Doorbell::Frame {
+            offset_units: (offset / ALIGN) as u32,
+        }
+        .encode();
+        self.post_write(s, Some((offset, len)), imm);
+    }
+
+    fn post_write(&self, s: &mut SendState<F>, local: Option<(usize, usize)>, imm: u32) {
+        s.posted += 1;
+        let signaled = s.posted % SIGNAL_EVERY as u64 == 0;
+        let wr = WriteImm {
+            wr_id: s.posted,
+            local: local.map(|(off, len)| (&s.staging, off, len)),
+            remote_addr: local.map_or(0, |(off, _)| self.peer.addr + off as u64),
+            rkey: self.peer.rkey,
+            imm,
+            signaled,
+        };
+        let result = match s.qp.as_mut() {
+            Some(qp) => qp.post_write_imm(&wr).map_err(|e| e.to_string()),
+            None => Err("queue pair destroyed".to_owned()),
+        };
+        if let Err(why) = result {
+            s.dead.get_or_insert_with(|| why.clone());
+            self.set_failure(why);
+        }
+    }
+
+    fn on_send_completion(&self, wr_id: u64) {
+        let mut s = self.send_state();
+        s.completed = s.completed.max(wr_id);
+        self.flush(&mut s);
+    }
+
+    /// Handles a doorbell. `Ok(Some)` is a frame for the role; `Err` a protocol violation.
+    fn on_doorbell(
+        &self,
+        imm: u32,
+        byte_len: u32,
+        max_message: usize,
+    ) -> Result<Option<Frame>, String> {
+        match Doorbell::decode(imm) {
+            None => Err(format!("invalid immediate {imm:#010x}")),
+            Some(Doorbell::Credit { ack }) => {
+                let mut s = self.send_state();
+                apply_ack(&mut s.ring, ack).map_err(|e| format!("bad credit: {e}"))?;
+                self.flush(&mut s);
+                Ok(None)
+            }
+            Some(Doorbell::Frame { offset_units }) => {
+                let mut recv = self.recv.lock().unwrap_or_else(|e| e.into_inner());
+                let slot = recv.locate(offset_units).map_err(|e| e.to_string())?;
+                let room = recv.room_at(slot);
+                if room < HEADER_LEN {
+                    return Err(format!(
+                        "frame at offset {} has no room for a header",
+                        slot.offset
+                    ));
+                }
+                let header = self
+                    .recv_region
+                    .read(slot.offset, HEADER_LEN, Header::decode)
+                    .map_err(|e| format!("bad frame header: {e}"))?;
+                let len = header.frame_len();
+                let body = len - HEADER_LEN;
+                if body > max_message {
+                    return Err(format!(
+                        "frame body of {body} bytes exceeds the limit of {max_message}"
+                    ));
+                }
+                if len > room {
+                    return Err(format!(
+                        "frame of {len} bytes at offset {} runs past the ring",
+                        slot.offset
+                    ));
+                }
+                if byte_len != 0 && byte_len as usize != len {
+                    return Err(format!(
+                        "write of {byte_len} bytes carries a frame of {len}"
+                    ));
+                }
+                let md_len = header.metadata_len as usize;
+                let (metadata, payload) =
+                    self.recv_region.read(slot.offset + HEADER_LEN, body, |b| {
+                        (Metadata::decode(&b[..md_len]), b[md_len..].to_vec())
+                    });
+                recv.consume(slot, len).map_err(|e| e.to_string())?;
+                let consumed = recv.consumed();
+                drop(recv);
+                let mut s = self.send_state();
+                s.credits.on_consumed(consumed);
+                apply_ack(&mut s.ring, header.ack).map_err(|e| format!("bad credit: {e}"))?;
+                drop(s);
+                Ok(Some(Frame {
+                    header,
+                    metadata,
+                    payload,
+                }))
+            }
+        }
+    }
+
+    /// After a batch of frames: return credits if needed, flush the backlog.
+    fn after_batch(&self) {
+        let mut s = self.send_state();
+        self.flush(&mut s);
+        if s.credits.needs_explicit() && s.dead.is_none() {
+            let ack = s.credits.take_ack();
+            self.post_write(&mut s, None, Doorbell::Credit { ack }.encode());
+        }
+    }
+
+    /// Posts queued frames while the peer's ring and the send queue have room.
+    fn flush(&self, s: &mut SendState<F>) {
+        while s.dead.is_none() && s.sq_room() {
+            let Some(len) = s.backlog.frames.front().map(Vec::len) else {
+                break;
+            };
+            let Ok(Some(slot)) = s.ring.reserve(len) else {
+                break;
+            };
+            let bytes = s.backlog.frames.pop_front().expect("front exists");
+            s.backlog.bytes -= len;
+            let ack = s.credits.take_ack();
+            s.staging.write(slot.offset, len, |buf| {
+                buf.copy_from_slice(&bytes);
+                buf[28..32].copy_from_slice(&ack.to_le_bytes());
+            });
+            self.post(s, slot.offset, len);
+        }
+    }
+
+    /// Bytes queued waiting for the peer's ring.
+    pub(crate) fn backlog_bytes(&self) -> usize {
+        self.send_state().backlog.bytes
+    }
+}
+
+impl<F: Fabric> SendState<F> {
+    /// Room in the send queue for one more write (keeps one for a credit).
+    fn sq_room(&self) -> bool {
+        self.posted - self.completed + 2 < self.sq_depth
+    }
+}
