@@ -6,7 +6,11 @@
 //! call now occupies the slot. Deadlines are kept in a min-heap; time is
 //! passed in, never read.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::time::Instant;
+
+use slab::Slab;
 
 /// Identifies one call on one connection: slab index (low 32 bits) and
 /// generation (high 32 bits).
@@ -31,9 +35,35 @@ impl CallId {
 }
 
 /// In-flight calls, each holding a `T` (the waiter).
+///
+/// Generations come from one wrapping counter per table, so an id is not
+/// reused until 2^32 more calls have been inserted. Heap entries also carry
+/// the deadline, and count only if the live entry still has that deadline.
 #[derive(Debug)]
 pub struct CallTable<T> {
-    _todo: std::marker::PhantomData<T>,
+    entries: Slab<Entry<T>>,
+    /// Deadlines of calls, possibly including completed ones (skipped lazily).
+    deadlines: BinaryHeap<Reverse<(Instant, CallId)>>,
+    /// Live entries that have a deadline (the live part of `deadlines`).
+    timed: usize,
+    next_generation: u32,
+    stale: u64,
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    generation: u32,
+    deadline: Option<Instant>,
+    value: T,
+}
+
+/// Dead heap entries tolerated beyond the live ones before compacting.
+const HEAP_SLACK: usize = 64;
+
+fn is_live<T>(entries: &Slab<Entry<T>>, deadline: Instant, id: CallId) -> bool {
+    entries
+        .get(id.index() as usize)
+        .is_some_and(|e| e.generation == id.generation() && e.deadline == Some(deadline))
 }
 
 impl<T> Default for CallTable<T> {
@@ -45,57 +75,146 @@ impl<T> Default for CallTable<T> {
 impl<T> CallTable<T> {
     /// An empty table.
     pub fn new() -> CallTable<T> {
-        todo!()
+        CallTable {
+            entries: Slab::new(),
+            deadlines: BinaryHeap::new(),
+            timed: 0,
+            next_generation: 0,
+            stale: 0,
+        }
     }
 
     /// Adds a call, optionally with a deadline; returns its id.
+    ///
+    /// # Panics
+    ///
+    /// If more than 2^32 calls are live at once.
     pub fn insert(&mut self, value: T, deadline: Option<Instant>) -> CallId {
-        todo!("{deadline:?} {}", std::mem::size_of_val(&value))
+        let generation = self.next_generation;
+        self.next_generation = generation.wrapping_add(1);
+        let entry = self.entries.vacant_entry();
+        let index = u32::try_from(entry.key()).expect("more than 2^32 live calls");
+        entry.insert(Entry {
+            generation,
+            deadline,
+            value,
+        });
+        let id = CallId::new(index, generation);
+        if let Some(deadline) = deadline {
+            self.deadlines.push(Reverse((deadline, id)));
+            self.timed += 1;
+        }
+        id
+    }
+
+    /// Removes the live call `id`, keeping the heap tidy.
+    fn take(&mut self, id: CallId) -> Option<T> {
+        if !self.contains(id) {
+            return None;
+        }
+        let index = id.index() as usize;
+        let entry = self.entries.remove(index);
+        if entry.deadline.is_some() {
+            self.timed -= 1;
+            self.prune();
+        }
+        Some(entry.value)
+    }
+
+    /// Drops dead entries from the top of the heap, and rebuilds it when dead
+    /// entries buried below live ones pile up.
+    fn prune(&mut self) {
+        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+            if is_live(&self.entries, deadline, id) {
+                break;
+            }
+            self.deadlines.pop();
+        }
+        if self.deadlines.len() > 2 * self.timed + HEAP_SLACK {
+            let entries = &self.entries;
+            self.deadlines
+                .retain(|&Reverse((deadline, id))| is_live(entries, deadline, id));
+        }
     }
 
     /// Removes and returns the call `id` if it is live (index and generation
     /// match). Otherwise counts a stale id and returns `None`.
     pub fn complete(&mut self, id: CallId) -> Option<T> {
-        todo!("{id:?}")
+        let value = self.take(id);
+        if value.is_none() {
+            self.stale += 1;
+        }
+        value
     }
 
     /// Like [`CallTable::complete`] but does not count a miss as stale (for
     /// local cancellation, which may race with completion).
     pub fn remove(&mut self, id: CallId) -> Option<T> {
-        todo!("{id:?}")
+        self.take(id)
     }
 
     /// Whether `id` is live.
     pub fn contains(&self, id: CallId) -> bool {
-        todo!("{id:?}")
+        self.entries
+            .get(id.index() as usize)
+            .is_some_and(|e| e.generation == id.generation())
     }
 
     /// The live call `id`, mutably.
     pub fn get_mut(&mut self, id: CallId) -> Option<&mut T> {
-        todo!("{id:?}")
+        self.entries
+            .get_mut(id.index() as usize)
+            .filter(|e| e.generation == id.generation())
+            .map(|e| &mut e.value)
     }
 
     /// Removes and returns one call whose deadline is at or before `now`.
     /// Call repeatedly until `None`. Entries of completed calls left in the
     /// deadline heap are skipped lazily.
+    ///
+    /// Calls expire in deadline order (ties by id).
     pub fn pop_expired(&mut self, now: Instant) -> Option<(CallId, T)> {
-        todo!("{now:?}")
+        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+            if !is_live(&self.entries, deadline, id) {
+                self.deadlines.pop();
+                continue;
+            }
+            if deadline > now {
+                return None;
+            }
+            self.deadlines.pop();
+            let entry = self.entries.remove(id.index() as usize);
+            self.timed -= 1;
+            self.prune();
+            return Some((id, entry.value));
+        }
+        None
     }
 
     /// The earliest deadline among live calls (may be one of an already
     /// completed call until lazily skipped; callers just wake early).
+    ///
+    /// This table drops dead entries from the top of its heap whenever a
+    /// call leaves it, so in practice the answer is exact.
     pub fn next_deadline(&self) -> Option<Instant> {
-        todo!()
+        self.deadlines
+            .peek()
+            .map(|Reverse((deadline, _))| *deadline)
     }
 
-    /// Removes every live call (for a connection that failed).
+    /// Removes every live call (for a connection that failed), in index order.
     pub fn drain(&mut self) -> Vec<(CallId, T)> {
-        todo!()
+        self.deadlines.clear();
+        self.timed = 0;
+        std::mem::take(&mut self.entries)
+            .into_iter()
+            .map(|(index, e)| (CallId::new(index as u32, e.generation), e.value))
+            .collect()
     }
 
     /// Live calls.
     pub fn len(&self) -> usize {
-        todo!()
+        self.entries.len()
     }
 
     /// True when no call is live.
@@ -105,6 +224,214 @@ impl<T> CallTable<T> {
 
     /// Responses dropped because their id was not live.
     pub fn stale(&self) -> u64 {
-        todo!()
+        self.stale
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn call_id_parts() {
+        let id = CallId::new(7, 0xdead_beef);
+        assert_eq!(id.index(), 7);
+        assert_eq!(id.generation(), 0xdead_beef);
+        assert_eq!(id.0, 0xdead_beef_0000_0007);
+        let max = CallId::new(u32::MAX, u32::MAX);
+        assert_eq!((max.index(), max.generation()), (u32::MAX, u32::MAX));
+    }
+
+    #[test]
+    fn insert_complete() {
+        let mut t = CallTable::new();
+        assert!(t.is_empty());
+        let a = t.insert("a", None);
+        let b = t.insert("b", None);
+        assert_ne!(a, b);
+        assert_eq!(t.len(), 2);
+        assert!(t.contains(a) && t.contains(b));
+        *t.get_mut(b).unwrap() = "b2";
+        assert_eq!(t.complete(b), Some("b2"));
+        assert!(!t.contains(b));
+        assert_eq!(t.complete(a), Some("a"));
+        assert!(t.is_empty());
+        assert_eq!(t.stale(), 0);
+    }
+
+    #[test]
+    fn stale_ids_are_counted_and_never_misdelivered() {
+        let mut t = CallTable::new();
+        let old = t.insert(1, None);
+        assert_eq!(t.remove(old), Some(1));
+        // Completing after removal (late response): None, counted.
+        assert_eq!(t.complete(old), None);
+        assert_eq!(t.stale(), 1);
+        // The slot is reused with a different generation.
+        let new = t.insert(2, None);
+        assert_eq!(new.index(), old.index());
+        assert_ne!(new.generation(), old.generation());
+        assert_ne!(new, old);
+        assert!(!t.contains(old));
+        assert!(t.get_mut(old).is_none());
+        assert_eq!(t.complete(old), None, "must not reach the new call");
+        assert_eq!(t.stale(), 2);
+        assert!(t.contains(new));
+        // A duplicate completion is stale too.
+        assert_eq!(t.complete(new), Some(2));
+        assert_eq!(t.complete(new), None);
+        assert_eq!(t.stale(), 3);
+        // A forged id: unknown index.
+        assert_eq!(t.complete(CallId::new(999, 0)), None);
+        assert_eq!(t.stale(), 4);
+    }
+
+    #[test]
+    fn remove_does_not_count_stale() {
+        let mut t = CallTable::new();
+        let id = t.insert((), None);
+        assert_eq!(t.remove(id), Some(()));
+        assert_eq!(t.remove(id), None);
+        assert_eq!(t.remove(CallId::new(5, 5)), None);
+        assert_eq!(t.stale(), 0);
+    }
+
+    #[test]
+    fn generations_differ_across_many_reuses() {
+        let mut t = CallTable::new();
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..1000 {
+            let id = t.insert(i, None);
+            assert_eq!(id.index(), 0);
+            assert!(seen.insert(id));
+            assert_eq!(t.complete(id), Some(i));
+        }
+    }
+
+    #[test]
+    fn generation_counter_wraps() {
+        let mut t = CallTable::new();
+        t.next_generation = u32::MAX;
+        let a = t.insert('a', None);
+        assert_eq!(a.generation(), u32::MAX);
+        t.remove(a);
+        let b = t.insert('b', None);
+        assert_eq!(b.generation(), 0);
+        assert_eq!(b.index(), a.index());
+        assert_eq!(t.complete(a), None);
+        assert_eq!(t.complete(b), Some('b'));
+    }
+
+    #[test]
+    fn deadlines_expire_in_order() {
+        let base = Instant::now();
+        let mut t = CallTable::new();
+        let c3 = t.insert(3, Some(at(base, 30)));
+        let c1 = t.insert(1, Some(at(base, 10)));
+        let none = t.insert(0, None);
+        let c2 = t.insert(2, Some(at(base, 20)));
+        assert_eq!(t.next_deadline(), Some(at(base, 10)));
+        assert_eq!(t.pop_expired(at(base, 9)), None);
+        assert_eq!(t.len(), 4);
+        // Deadline equal to now expires.
+        assert_eq!(t.pop_expired(at(base, 10)), Some((c1, 1)));
+        assert_eq!(t.pop_expired(at(base, 10)), None);
+        assert_eq!(t.next_deadline(), Some(at(base, 20)));
+        assert_eq!(t.pop_expired(at(base, 100)), Some((c2, 2)));
+        assert_eq!(t.pop_expired(at(base, 100)), Some((c3, 3)));
+        assert_eq!(t.pop_expired(at(base, 100)), None);
+        assert_eq!(t.next_deadline(), None);
+        // Expired calls are gone; the call without a deadline stays.
+        assert!(!t.contains(c1) && !t.contains(c2) && !t.contains(c3));
+        assert_eq!(t.complete(c1), None);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.complete(none), Some(0));
+    }
+
+    #[test]
+    fn completed_calls_do_not_expire() {
+        let base = Instant::now();
+        let mut t = CallTable::new();
+        let a = t.insert('a', Some(at(base, 1)));
+        let b = t.insert('b', Some(at(base, 2)));
+        let c = t.insert('c', Some(at(base, 3)));
+        assert_eq!(t.complete(a), Some('a'));
+        // The dead top is pruned when the call leaves.
+        assert_eq!(t.next_deadline(), Some(at(base, 2)));
+        assert_eq!(t.remove(c), Some('c'));
+        assert_eq!(t.next_deadline(), Some(at(base, 2)));
+        assert_eq!(t.pop_expired(at(base, 10)), Some((b, 'b')));
+        assert_eq!(t.pop_expired(at(base, 10)), None);
+        assert_eq!(t.next_deadline(), None);
+        assert!(t.deadlines.is_empty());
+    }
+
+    #[test]
+    fn reused_slot_does_not_inherit_old_deadline() {
+        let base = Instant::now();
+        let mut t = CallTable::new();
+        let keep = t.insert("keep", Some(at(base, 1)));
+        let old = t.insert("old", Some(at(base, 5)));
+        t.remove(old);
+        // The old entry is buried below a live one, so it is still in the heap.
+        assert_eq!(t.deadlines.len(), 2);
+        let new = t.insert("new", Some(at(base, 50)));
+        assert_eq!(new.index(), old.index());
+        assert_eq!(t.pop_expired(at(base, 10)), Some((keep, "keep")));
+        assert_eq!(
+            t.pop_expired(at(base, 10)),
+            None,
+            "the old deadline is not the new call's"
+        );
+        assert!(t.contains(new));
+        assert_eq!(t.next_deadline(), Some(at(base, 50)));
+        assert_eq!(t.pop_expired(at(base, 50)), Some((new, "new")));
+    }
+
+    #[test]
+    fn dead_heap_entries_are_compacted() {
+        let base = Instant::now();
+        let mut t = CallTable::new();
+        // An early live deadline pins the heap top; everything else completes.
+        let pin = t.insert(0, Some(at(base, 0)));
+        for i in 1..10_000u64 {
+            let id = t.insert(i, Some(at(base, i)));
+            assert_eq!(t.complete(id), Some(i));
+            assert!(t.deadlines.len() <= 2 * t.len() + HEAP_SLACK + 1);
+        }
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.next_deadline(), Some(at(base, 0)));
+        assert_eq!(t.pop_expired(at(base, 1_000_000)), Some((pin, 0)));
+        assert_eq!(t.pop_expired(at(base, 1_000_000)), None);
+        assert!(t.deadlines.is_empty());
+    }
+
+    #[test]
+    fn drain_empties_everything() {
+        let base = Instant::now();
+        let mut t = CallTable::new();
+        let a = t.insert('a', Some(at(base, 5)));
+        let b = t.insert('b', None);
+        let c = t.insert('c', Some(at(base, 1)));
+        t.remove(b);
+        let mut drained = t.drain();
+        drained.sort();
+        assert_eq!(drained, vec![(a, 'a'), (c, 'c')]);
+        assert!(t.is_empty());
+        assert_eq!(t.next_deadline(), None);
+        assert_eq!(t.pop_expired(at(base, 100)), None);
+        assert!(!t.contains(a) && !t.contains(c));
+        assert_eq!(t.complete(a), None);
+        assert_eq!(t.stale(), 1);
+        // The table stays usable, with fresh ids.
+        let d = t.insert('d', Some(at(base, 2)));
+        assert!(d != a && d != b && d != c);
+        assert_eq!(t.pop_expired(at(base, 2)), Some((d, 'd')));
+        assert!(t.drain().is_empty());
     }
 }

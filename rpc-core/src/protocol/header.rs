@@ -48,7 +48,14 @@ pub enum FrameKind {
 impl FrameKind {
     /// Parses the wire value.
     pub fn from_u8(v: u8) -> Option<FrameKind> {
-        todo!("protocol: FrameKind::from_u8({v})")
+        match v {
+            1 => Some(FrameKind::Request),
+            2 => Some(FrameKind::Response),
+            3 => Some(FrameKind::Error),
+            4 => Some(FrameKind::Cancel),
+            5 => Some(FrameKind::Credit),
+            _ => None,
+        }
     }
 }
 
@@ -89,7 +96,19 @@ pub enum HeaderError {
 
 impl std::fmt::Display for HeaderError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        todo!("protocol: HeaderError Display {self:?} {f:p}")
+        match *self {
+            HeaderError::Short(n) => {
+                write!(f, "frame header too short: {n} bytes, need {HEADER_LEN}")
+            }
+            HeaderError::Version(v) => {
+                write!(
+                    f,
+                    "unsupported protocol version {v} (this build speaks {VERSION})"
+                )
+            }
+            HeaderError::Kind(k) => write!(f, "unknown frame kind {k}"),
+            HeaderError::Flags(flags) => write!(f, "reserved header flags set: {flags:#06x}"),
+        }
     }
 }
 
@@ -98,17 +117,288 @@ impl std::error::Error for HeaderError {}
 impl Header {
     /// Total frame length: header + metadata + payload (not aligned).
     pub fn frame_len(&self) -> usize {
-        todo!()
+        // At most 32 + 65_535 + 4_294_967_295: cannot overflow a 64-bit usize.
+        HEADER_LEN + self.metadata_len as usize + self.payload_len as usize
     }
 
     /// Writes the header into `out`.
     pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
-        todo!("{out:?}")
+        out[0] = VERSION;
+        out[1] = self.kind as u8;
+        out[2..4].copy_from_slice(&self.status.to_le_bytes());
+        out[4..8].copy_from_slice(&self.method_id.to_le_bytes());
+        out[8..16].copy_from_slice(&self.call_id.0.to_le_bytes());
+        out[16..20].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[20..22].copy_from_slice(&self.metadata_len.to_le_bytes());
+        out[22..24].copy_from_slice(&0u16.to_le_bytes());
+        out[24..28].copy_from_slice(&self.timeout_us.to_le_bytes());
+        out[28..32].copy_from_slice(&self.ack.to_le_bytes());
     }
 
     /// Parses untrusted bytes (at least [`HEADER_LEN`]; extra bytes are ignored).
     /// Never panics.
+    ///
+    /// Checks, in order: length ([`HeaderError::Short`]), version
+    /// ([`HeaderError::Version`]), kind ([`HeaderError::Kind`]) and reserved
+    /// flags ([`HeaderError::Flags`]).
     pub fn decode(bytes: &[u8]) -> Result<Header, HeaderError> {
-        todo!("{bytes:?}")
+        let Some(b) = bytes.first_chunk::<HEADER_LEN>() else {
+            return Err(HeaderError::Short(bytes.len()));
+        };
+        if b[0] != VERSION {
+            return Err(HeaderError::Version(b[0]));
+        }
+        let kind = FrameKind::from_u8(b[1]).ok_or(HeaderError::Kind(b[1]))?;
+        let flags = u16_at(b, 22);
+        if flags != 0 {
+            return Err(HeaderError::Flags(flags));
+        }
+        Ok(Header {
+            kind,
+            status: u16_at(b, 2),
+            method_id: u32_at(b, 4),
+            call_id: CallId(u64::from_le_bytes([
+                b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15],
+            ])),
+            payload_len: u32_at(b, 16),
+            metadata_len: u16_at(b, 20),
+            timeout_us: u32_at(b, 24),
+            ack: u32_at(b, 28),
+        })
+    }
+}
+
+fn u16_at(b: &[u8; HEADER_LEN], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8; HEADER_LEN], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Header {
+        Header {
+            kind: FrameKind::Error,
+            status: 0x0102,
+            method_id: 0x0304_0506,
+            call_id: CallId(0x0708_090a_0b0c_0d0e),
+            payload_len: 0x0f10_1112,
+            metadata_len: 0x1314,
+            timeout_us: 0x1516_1718,
+            ack: 0x191a_1b1c,
+        }
+    }
+
+    fn encoded(h: &Header) -> [u8; HEADER_LEN] {
+        let mut out = [0xAA; HEADER_LEN];
+        h.encode(&mut out);
+        out
+    }
+
+    #[test]
+    fn encode_matches_documented_layout() {
+        let bytes = encoded(&sample());
+        let expected: [u8; HEADER_LEN] = [
+            VERSION, 3, // version, kind
+            0x02, 0x01, // status
+            0x06, 0x05, 0x04, 0x03, // method id
+            0x0e, 0x0d, 0x0c, 0x0b, 0x0a, 0x09, 0x08, 0x07, // call id
+            0x12, 0x11, 0x10, 0x0f, // payload len
+            0x14, 0x13, // metadata len
+            0x00, 0x00, // flags
+            0x18, 0x17, 0x16, 0x15, // timeout
+            0x1c, 0x1b, 0x1a, 0x19, // ack
+        ];
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn round_trip_every_kind() {
+        for kind in [
+            FrameKind::Request,
+            FrameKind::Response,
+            FrameKind::Error,
+            FrameKind::Cancel,
+            FrameKind::Credit,
+        ] {
+            assert_eq!(FrameKind::from_u8(kind as u8), Some(kind));
+            let h = Header { kind, ..sample() };
+            assert_eq!(Header::decode(&encoded(&h)), Ok(h));
+        }
+        assert_eq!(FrameKind::from_u8(0), None);
+        assert_eq!(FrameKind::from_u8(6), None);
+        assert_eq!(FrameKind::from_u8(255), None);
+    }
+
+    #[test]
+    fn decode_ignores_trailing_bytes() {
+        let h = sample();
+        let mut buf = [0x55u8; 100];
+        buf[..HEADER_LEN].copy_from_slice(&encoded(&h));
+        assert_eq!(Header::decode(&buf), Ok(h));
+    }
+
+    #[test]
+    fn decode_short() {
+        let bytes = encoded(&sample());
+        for n in 0..HEADER_LEN {
+            assert_eq!(Header::decode(&bytes[..n]), Err(HeaderError::Short(n)));
+        }
+    }
+
+    #[test]
+    fn decode_bad_version() {
+        let mut bytes = encoded(&sample());
+        for v in [0u8, 2, 255] {
+            bytes[0] = v;
+            assert_eq!(Header::decode(&bytes), Err(HeaderError::Version(v)));
+        }
+    }
+
+    #[test]
+    fn decode_bad_kind() {
+        let mut bytes = encoded(&sample());
+        for k in [0u8, 6, 200] {
+            bytes[1] = k;
+            assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(k)));
+        }
+    }
+
+    #[test]
+    fn decode_reserved_flags() {
+        let mut bytes = encoded(&sample());
+        bytes[22] = 0x01;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(0x0001)));
+        bytes[22] = 0;
+        bytes[23] = 0x80;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(0x8000)));
+    }
+
+    #[test]
+    fn decode_checks_version_before_kind_before_flags() {
+        let mut bytes = encoded(&sample());
+        bytes[0] = 9;
+        bytes[1] = 9;
+        bytes[22] = 9;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Version(9)));
+        bytes[0] = VERSION;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(9)));
+        bytes[1] = FrameKind::Request as u8;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(9)));
+    }
+
+    #[test]
+    fn frame_len_adds_header_metadata_payload() {
+        let h = Header {
+            payload_len: 100,
+            metadata_len: 7,
+            ..sample()
+        };
+        assert_eq!(h.frame_len(), HEADER_LEN + 107);
+        let max = Header {
+            payload_len: u32::MAX,
+            metadata_len: u16::MAX,
+            ..sample()
+        };
+        assert_eq!(
+            max.frame_len() as u64,
+            HEADER_LEN as u64 + u16::MAX as u64 + u32::MAX as u64
+        );
+    }
+
+    #[test]
+    fn errors_display() {
+        for e in [
+            HeaderError::Short(3),
+            HeaderError::Version(7),
+            HeaderError::Kind(8),
+            HeaderError::Flags(1),
+        ] {
+            assert!(!e.to_string().is_empty());
+        }
+        assert!(HeaderError::Short(3).to_string().contains('3'));
+    }
+
+    fn kind_strategy() -> impl Strategy<Value = FrameKind> {
+        prop_oneof![
+            Just(FrameKind::Request),
+            Just(FrameKind::Response),
+            Just(FrameKind::Error),
+            Just(FrameKind::Cancel),
+            Just(FrameKind::Credit),
+        ]
+    }
+
+    prop_compose! {
+        fn header_strategy()(
+            kind in kind_strategy(),
+            status in any::<u16>(),
+            method_id in any::<u32>(),
+            call_id in any::<u64>(),
+            payload_len in any::<u32>(),
+            metadata_len in any::<u16>(),
+            timeout_us in any::<u32>(),
+            ack in any::<u32>(),
+        ) -> Header {
+            Header {
+                kind,
+                status,
+                method_id,
+                call_id: CallId(call_id),
+                payload_len,
+                metadata_len,
+                timeout_us,
+                ack,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn prop_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            match Header::decode(&bytes) {
+                Ok(h) => {
+                    // Whatever decodes re-encodes to the same 32 bytes.
+                    prop_assert!(bytes.len() >= HEADER_LEN);
+                    prop_assert_eq!(&encoded(&h)[..], &bytes[..HEADER_LEN]);
+                }
+                Err(HeaderError::Short(n)) => {
+                    prop_assert_eq!(n, bytes.len());
+                    prop_assert!(n < HEADER_LEN);
+                }
+                Err(HeaderError::Version(v)) => prop_assert_ne!(v, VERSION),
+                Err(HeaderError::Kind(k)) => prop_assert!(FrameKind::from_u8(k).is_none()),
+                Err(HeaderError::Flags(f)) => prop_assert_ne!(f, 0),
+            }
+        }
+
+        #[test]
+        fn prop_decode_never_panics_near_valid(
+            h in header_strategy(),
+            flips in proptest::collection::vec((0..HEADER_LEN, any::<u8>()), 0..4),
+            cut in 0..=HEADER_LEN,
+        ) {
+            let mut bytes = encoded(&h);
+            for (i, x) in flips {
+                bytes[i] ^= x;
+            }
+            let _ = Header::decode(&bytes);
+            let _ = Header::decode(&bytes[..cut]);
+        }
+
+        #[test]
+        fn prop_round_trip(h in header_strategy()) {
+            let bytes = encoded(&h);
+            prop_assert_eq!(Header::decode(&bytes), Ok(h));
+            prop_assert_eq!(
+                h.frame_len(),
+                HEADER_LEN + h.metadata_len as usize + h.payload_len as usize
+            );
+        }
     }
 }
