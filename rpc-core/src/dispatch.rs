@@ -91,8 +91,10 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     pub role: R,
     conns: RwLock<HashMap<u32, Arc<Conn<F>>>>,
     stop: AtomicBool,
-    /// When the poller plans to wake (ns since `epoch`; u64::MAX = not before a completion).
+    /// When the poller plans to wake (ns since `epoch`; 0 while awake).
     planned_wake: AtomicU64,
+    /// The earliest timer others asked for since the last tick (ns since `epoch`).
+    timer_hint: AtomicU64,
     epoch: Instant,
 }
 
@@ -105,7 +107,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             role,
             conns: RwLock::new(HashMap::new()),
             stop: AtomicBool::new(false),
-            planned_wake: AtomicU64::new(u64::MAX),
+            planned_wake: AtomicU64::new(0),
+            timer_hint: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
         }))
     }
@@ -169,12 +172,30 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         self.fabric.interrupt();
     }
 
-    /// Makes the poller wake by `at` if it planned to sleep longer.
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Makes the poller run its timers by `at`.
     pub(crate) fn wake_by(&self, at: Instant) {
-        let at = at.saturating_duration_since(self.epoch).as_nanos() as u64;
-        if at < self.planned_wake.load(Ordering::Acquire) {
+        let at = self.nanos(at);
+        self.timer_hint.fetch_min(at, Ordering::SeqCst);
+        let planned = self.planned_wake.load(Ordering::SeqCst);
+        if planned != 0 && at < planned {
             self.fabric.interrupt();
         }
+    }
+
+    /// Runs the role's timers if due (or if someone asked); returns the next tick.
+    fn tick(&self, next_tick: Instant, now: Instant) -> Instant {
+        let hint = self.timer_hint.load(Ordering::SeqCst);
+        if now < next_tick && self.nanos(now) < hint {
+            return next_tick.min(self.epoch + Duration::from_nanos(hint));
+        }
+        self.timer_hint.store(u64::MAX, Ordering::SeqCst);
+        self.role
+            .on_tick(self, now)
+            .unwrap_or(now + Duration::from_secs(3600))
     }
 
     /// The poller: spin briefly on an empty queue, then block.
@@ -208,13 +229,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                         consumed_recvs = 0;
                     }
                 }
-                let now = Instant::now();
-                if now >= next_tick {
-                    next_tick = self
-                        .role
-                        .on_tick(self, now)
-                        .unwrap_or(now + Duration::from_secs(3600));
-                }
+                next_tick = self.tick(next_tick, Instant::now());
                 continue;
             }
             if consumed_recvs > 0 {
@@ -224,25 +239,24 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                     .map(|()| consumed_recvs = 0);
             }
             let now = Instant::now();
-            if now >= next_tick {
-                next_tick = self
-                    .role
-                    .on_tick(self, now)
-                    .unwrap_or(now + Duration::from_secs(3600));
-            }
+            next_tick = self.tick(next_tick, now);
             let idle = *idle_since.get_or_insert(now);
             if now.duration_since(idle) < self.config.spin {
                 std::hint::spin_loop();
                 std::thread::yield_now();
                 continue;
             }
+            self.planned_wake
+                .store(self.nanos(next_tick).max(1), Ordering::SeqCst);
+            // A timer asked for after the tick above but before `planned_wake`
+            // was set did not interrupt: look once more before sleeping.
+            let hint = self.timer_hint.load(Ordering::SeqCst);
+            let next_tick = next_tick.min(self.epoch + Duration::from_nanos(hint));
             let sleep = next_tick.saturating_duration_since(now);
-            self.planned_wake.store(
-                next_tick.saturating_duration_since(self.epoch).as_nanos() as u64,
-                Ordering::Release,
-            );
-            self.fabric.wait(Some(sleep.min(Duration::from_secs(1))));
-            self.planned_wake.store(0, Ordering::Release);
+            if !sleep.is_zero() {
+                self.fabric.wait(Some(sleep.min(Duration::from_secs(1))));
+            }
+            self.planned_wake.store(0, Ordering::SeqCst);
             idle_since = None;
         }
     }

@@ -313,24 +313,31 @@ impl QueuePair for SoftQp {
             });
         }
         let result = match &mut self.wire {
-            Wire::Mem(w) => match wr.local {
-                Some((region, off, len)) => region.read(off, len, |data| w.write(wr, data)),
-                None => w.write(wr, &[]),
-            },
+            // In one process the write is applied before this returns: the
+            // acknowledgement, and so the send completion, is immediate.
+            Wire::Mem(w) => {
+                let r = match wr.local {
+                    Some((region, off, len)) => region.read(off, len, |data| w.write(wr, data)),
+                    None => w.write(wr, &[]),
+                };
+                if r.is_ok() && wr.signaled {
+                    self.ctx.push(Completion {
+                        wr_id: wr.wr_id,
+                        qp_num: self.qp_num,
+                        kind: CompletionKind::Send,
+                        status: WcStatus::Success,
+                    });
+                }
+                r
+            }
+            // Over TCP the receiver's ACK produces the send completion.
             Wire::Tcp(w) => match wr.local {
                 Some((region, off, len)) => region.read(off, len, |data| w.write(wr, data)),
                 None => w.write(wr, &[]),
             },
         };
-        match result {
-            Ok(()) if wr.signaled => self.ctx.push(Completion {
-                wr_id: wr.wr_id,
-                qp_num: self.qp_num,
-                kind: CompletionKind::Send,
-                status: WcStatus::Success,
-            }),
-            Ok(()) => {}
-            Err(status) => self.fail(wr.wr_id, status),
+        if let Err(status) = result {
+            self.fail(wr.wr_id, status);
         }
         Ok(())
     }

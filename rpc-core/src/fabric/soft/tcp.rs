@@ -3,8 +3,10 @@
 //! After the [`bootstrap`](crate::bootstrap) handshake, the TCP connection
 //! carries two messages:
 //!
-//! - `WRITE`: `tag=1, wr_id u64, remote_addr u64, rkey u32, imm u32, len u32`,
-//!   then `len` bytes;
+//! - `WRITE`: `tag=1` (unsignaled) or `tag=3` (signaled), `wr_id u64,
+//!   remote_addr u64, rkey u32, imm u32, len u32`, then `len` bytes;
+//! - `ACK`: `tag=4, wr_id u64`: a signaled write was applied; only now does
+//!   the sender see its send completion, as with an RC acknowledgement;
 //! - `NAK`: `tag=2, wr_id u64, status u8`: the receiver rejected a write
 //!   (bad rkey or bounds, or RNR exhaustion); both queue pairs go to error.
 //!
@@ -23,6 +25,8 @@ use std::sync::{Arc, Mutex};
 
 const TAG_WRITE: u8 = 1;
 const TAG_NAK: u8 = 2;
+const TAG_WRITE_SIGNALED: u8 = 3;
+const TAG_ACK: u8 = 4;
 const WRITE_HEADER: usize = 1 + 8 + 8 + 4 + 4 + 4;
 /// Largest write accepted off the wire (a ring is at most this big anyway).
 const MAX_WRITE: usize = 1 << 31;
@@ -62,7 +66,11 @@ impl TcpWire {
         data: &[u8],
     ) -> Result<(), WcStatus> {
         self.buf.clear();
-        self.buf.push(TAG_WRITE);
+        self.buf.push(if wr.signaled {
+            TAG_WRITE_SIGNALED
+        } else {
+            TAG_WRITE
+        });
         self.buf.extend_from_slice(&wr.wr_id.to_le_bytes());
         self.buf.extend_from_slice(&wr.remote_addr.to_le_bytes());
         self.buf.extend_from_slice(&wr.rkey.to_le_bytes());
@@ -293,7 +301,7 @@ impl ReaderNic {
                 return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
             }
             match tag[0] {
-                TAG_WRITE => {
+                tag @ (TAG_WRITE | TAG_WRITE_SIGNALED) => {
                     let mut h = [0u8; WRITE_HEADER - 1];
                     if r.read_exact(&mut h).is_err() {
                         return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
@@ -327,6 +335,28 @@ impl ReaderNic {
                             .write_all(&nak);
                         return self.fail(0, CompletionKind::RecvImm { imm, byte_len: 0 }, status);
                     }
+                    if tag == TAG_WRITE_SIGNALED {
+                        let mut ack = [0u8; 9];
+                        ack[0] = TAG_ACK;
+                        ack[1..9].copy_from_slice(&wr_id.to_le_bytes());
+                        let _ = self
+                            .writer
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .write_all(&ack);
+                    }
+                }
+                TAG_ACK => {
+                    let mut h = [0u8; 8];
+                    if r.read_exact(&mut h).is_err() {
+                        return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
+                    }
+                    self.ctx.push(Completion {
+                        wr_id: u64::from_le_bytes(h),
+                        qp_num: self.qp_num,
+                        kind: CompletionKind::Send,
+                        status: WcStatus::Success,
+                    });
                 }
                 TAG_NAK => {
                     let mut h = [0u8; 9];
