@@ -1,1 +1,38 @@
-//! Examples (in progress).
+//! Examples of rdma-rpc, and the Rust code generated from `../proto`.
+//!
+//! `build.rs` runs `rpc_codegen::compile_protos` over the `.proto` files;
+//! each protobuf package becomes a module here through
+//! `rpc_core::include_proto!`.
+
+pub mod echo {
+    //! The `echo` package: a service that returns what it receives, used by
+    //! tests and benchmarks.
+    rpc_core::include_proto!("echo");
+}
+
+pub mod kv {
+    //! The `kv` package: a small key-value store, the example service of
+    //! rdma-rpc.
+    rpc_core::include_proto!("kv");
+}
+
+pub mod acme {
+    //! Test packages (`proto/test`): they exercise the code generator on
+    //! dotted packages, imports across packages, well-known types, nested
+    //! types, oneofs, maps and names that are Rust keywords.
+
+    pub mod common {
+        //! The `acme.common` package: types imported by `acme.storage.v1`.
+        rpc_core::include_proto!("acme.common");
+    }
+
+    pub mod storage {
+        //! The `acme.storage` packages.
+
+        pub mod v1 {
+            //! The `acme.storage.v1` package: an object store, and services
+            //! named with Rust keywords.
+            rpc_core::include_proto!("acme.storage.v1");
+        }
+    }
+}

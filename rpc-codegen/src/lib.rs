@@ -1,1 +1,204 @@
-//! rdma-rpc code generator (in progress).
+//! # rpc-codegen
+//!
+//! The code generator of rdma-rpc: turns `.proto` files into Rust messages, a
+//! typed client and a server trait per service. Call it from `build.rs`; it
+//! compiles the `.proto` files in pure Rust ([protox]), so no `protoc` is
+//! needed on the machine.
+//!
+//! ## Quick start
+//!
+//! `Cargo.toml`:
+//!
+//! ```toml
+//! [dependencies]
+//! rpc-core = "0.1"
+//!
+//! [build-dependencies]
+//! rpc-codegen = "0.1"
+//! ```
+//!
+//! `build.rs`:
+//!
+//! ```no_run
+//! fn main() -> std::io::Result<()> {
+//!     rpc_codegen::compile_protos(&["proto/kv.proto"], &["proto"])
+//! }
+//! ```
+//!
+//! `src/lib.rs`, one module per protobuf package:
+//!
+//! ```ignore
+//! pub mod kv {
+//!     rpc_core::include_proto!("kv");
+//! }
+//! ```
+//!
+//! The generated code reaches the runtime only through `rpc_core::codegen`,
+//! which re-exports `prost` and `prost-types`: the crate needs no `prost`
+//! dependency of its own.
+//!
+//! ## What is generated
+//!
+//! For a package `kv` with `service Kv { rpc Put(PutRequest) returns (PutReply); }`,
+//! the file `$OUT_DIR/kv.rs` holds the prost messages and:
+//!
+//! - `kv_client::KvClient`: one method per rpc, `put(request) -> UnaryCall<PutReply>`;
+//!   the call can be `.await`ed or waited on with `UnaryCall::wait`.
+//! - `kv_server::Kv`: the trait a server implements, one method per rpc,
+//!   `put(&self, Request<PutRequest>) -> Result<Response<PutReply>, Status>`.
+//! - `kv_server::KvServer<T>`: wraps an implementation into an
+//!   `rpc_core::Service` for the server.
+//! - `kv_server::DESCRIPTOR`: the service's name and its rpcs with their paths
+//!   (`/kv.Kv/Put`) and stable ids.
+//!
+//! Proto comments on services and rpcs become doc comments. Rpc names that
+//! are Rust keywords become raw identifiers (`r#type`), or get a trailing
+//! underscore where Rust has no raw form (`self_`). On the client, rpcs named
+//! like its own methods `new`, `connect` and `channel` get a trailing
+//! underscore too (`connect_`).
+//!
+//! ## What is rejected
+//!
+//! rdma-rpc supports unary rpcs only: a streaming rpc is an error. So are two
+//! rpcs whose method ids collide, and names that would map to the same Rust
+//! item. Errors are [`std::io::Error`]s of kind
+//! [`InvalidInput`](std::io::ErrorKind::InvalidInput) whose message names the
+//! offending rpcs.
+
+mod generator;
+mod validate;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Compiles `protos` into Rust code in `$OUT_DIR`, one `<package>.rs` per
+/// protobuf package, for use with `rpc_core::include_proto!`.
+///
+/// `includes` are the directories imports are resolved against; every file
+/// in `protos` must lie under one of them (or be named relative to one).
+/// The well-known types (`google/protobuf/*.proto`) are built in.
+///
+/// Prints `cargo:rerun-if-changed` for every `.proto` file read. Use
+/// [`configure`] to change the output directory or turn that off.
+///
+/// # Errors
+///
+/// A `.proto` file that cannot be read or parsed, a streaming rpc, a method id
+/// collision, or a failure to write the output.
+pub fn compile_protos(
+    protos: &[impl AsRef<Path>],
+    includes: &[impl AsRef<Path>],
+) -> io::Result<()> {
+    configure().compile(protos, includes)
+}
+
+/// Returns a [`Builder`] with the defaults of [`compile_protos`].
+pub fn configure() -> Builder {
+    Builder {
+        out_dir: None,
+        emit_rerun_if_changed: true,
+    }
+}
+
+/// Options for code generation; start with [`configure`].
+#[derive(Debug, Clone)]
+pub struct Builder {
+    out_dir: Option<PathBuf>,
+    emit_rerun_if_changed: bool,
+}
+
+impl Builder {
+    /// Writes the generated files into `out_dir` instead of `$OUT_DIR`.
+    pub fn out_dir(mut self, out_dir: impl Into<PathBuf>) -> Self {
+        self.out_dir = Some(out_dir.into());
+        self
+    }
+
+    /// Whether to print `cargo:rerun-if-changed` for every `.proto` file read
+    /// (default `true`; turn it off outside build scripts).
+    pub fn emit_rerun_if_changed(mut self, emit: bool) -> Self {
+        self.emit_rerun_if_changed = emit;
+        self
+    }
+
+    /// Compiles `protos`, resolving imports against `includes`; see
+    /// [`compile_protos`].
+    ///
+    /// # Errors
+    ///
+    /// As [`compile_protos`].
+    pub fn compile(
+        &self,
+        protos: &[impl AsRef<Path>],
+        includes: &[impl AsRef<Path>],
+    ) -> io::Result<()> {
+        let out_dir = match &self.out_dir {
+            Some(dir) => dir.clone(),
+            None => std::env::var_os("OUT_DIR")
+                .map(PathBuf::from)
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "OUT_DIR is not set: call rpc-codegen from a build script, \
+                     or set an output directory with Builder::out_dir",
+                    )
+                })?,
+        };
+
+        let mut compiler = protox::Compiler::new(includes).map_err(protox_error)?;
+        compiler
+            .include_imports(true)
+            .include_source_info(true)
+            .open_files(protos)
+            .map_err(protox_error)?;
+
+        if self.emit_rerun_if_changed {
+            // Files from the include dirs have a path; the built-in
+            // well-known types do not.
+            for file in compiler.files() {
+                if let Some(path) = file.path() {
+                    println!("cargo:rerun-if-changed={}", path.display());
+                }
+            }
+        }
+
+        let fds = compiler.file_descriptor_set();
+        validate::validate(&fds)?;
+
+        prost_build::Config::new()
+            .prost_path("::rpc_core::codegen::prost")
+            .prost_types_path("::rpc_core::codegen::prost_types")
+            .service_generator(Box::new(generator::ServiceGenerator))
+            .out_dir(out_dir)
+            .compile_fds(fds)
+    }
+}
+
+/// protox's `Debug` form carries `file:line:column:` where it knows them.
+fn protox_error(err: protox::Error) -> io::Error {
+    invalid_input(format!("{err:?}"))
+}
+
+/// An `InvalidInput` error carrying `message`.
+pub(crate) fn invalid_input(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, Message(message))
+}
+
+/// An error message whose `Debug` is its text, so that a build script's
+/// `fn main() -> io::Result<()>`, which prints errors with `Debug`, shows a
+/// multi-line message as lines rather than as one escaped string.
+struct Message(String);
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Display for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Message {}

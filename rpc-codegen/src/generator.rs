@@ -1,0 +1,355 @@
+//! The `prost_build::ServiceGenerator` that emits, per service, a client
+//! module and a server module.
+//!
+//! The code is written as plain text; prost-build parses the whole package
+//! file with `syn` and prints it with `prettyplease` afterwards, so layout
+//! here does not matter, only validity. Everything from the runtime is named
+//! by its full path through `::rpc_core::codegen`, and std items by
+//! `::core::...` paths, so that no proto name (a service called `Sync` or
+//! `Result`) can shadow them.
+
+use crate::validate::{id_literal, method_path, service_full_name};
+use heck::{ToSnakeCase, ToUpperCamelCase};
+use prost_build::{Comments, Service};
+use std::fmt::Write;
+
+const RT: &str = "::rpc_core::codegen";
+
+/// Client methods that an rpc method of the same name would clash with.
+const CLIENT_OWN_METHODS: [&str; 3] = ["new", "connect", "channel"];
+
+pub(crate) struct ServiceGenerator;
+
+impl prost_build::ServiceGenerator for ServiceGenerator {
+    fn generate(&mut self, service: Service, buf: &mut String) {
+        let names = Names::of(&service);
+        generate_client(&service, &names, buf);
+        generate_server(&service, &names, buf);
+    }
+}
+
+/// The Rust names of one service's generated items.
+struct Names {
+    /// `kv.Kv`.
+    full: String,
+    /// `kv_client`.
+    client_mod: String,
+    /// `kv_server`.
+    server_mod: String,
+    /// `KvClient`.
+    client: String,
+    /// `KvServer`.
+    server: String,
+    /// `Kv`: prost's name for the service, a valid identifier.
+    service_trait: String,
+    /// The type parameter of `KvServer<T>`: `T`, unless the trait is itself named `T`.
+    param: &'static str,
+}
+
+impl Names {
+    fn of(service: &Service) -> Names {
+        let snake = service.proto_name.to_snake_case();
+        let camel = service.proto_name.to_upper_camel_case();
+        Names {
+            full: service_full_name(&service.package, &service.proto_name),
+            client_mod: format!("{snake}_client"),
+            server_mod: format!("{snake}_server"),
+            client: format!("{camel}Client"),
+            server: format!("{camel}Server"),
+            param: if service.name == "T" { "S" } else { "T" },
+            service_trait: service.name.clone(),
+        }
+    }
+}
+
+fn generate_client(service: &Service, names: &Names, buf: &mut String) {
+    let Names {
+        full,
+        client_mod,
+        server_mod,
+        client,
+        ..
+    } = names;
+
+    let _ = writeln!(buf, "/// Generated client for `{full}`.");
+    if has_docs(&service.comments) {
+        buf.push_str("///\n");
+        push_docs(&service.comments, buf);
+    }
+    let _ = writeln!(buf, "pub mod {client_mod} {{");
+    if has_docs(&service.comments) {
+        push_docs(&service.comments, buf);
+    } else {
+        let _ = writeln!(buf, "/// Client for the `{full}` service.");
+    }
+    let _ = writeln!(
+        buf,
+        "#[derive(Debug, Clone)]
+        pub struct {client} {{
+            inner: {RT}::Channel,
+        }}
+        impl {client} {{
+            /// Wraps a connected channel.
+            pub fn new(channel: {RT}::Channel) -> Self {{
+                Self {{ inner: channel }}
+            }}
+            /// Connects to `url` (`rdma://`, `tcp://` or `mem://`).
+            pub fn connect(url: &str) -> ::core::result::Result<Self, {RT}::Status> {{
+                {RT}::Channel::connect(url).map(Self::new)
+            }}
+            /// The underlying channel.
+            pub fn channel(&self) -> &{RT}::Channel {{
+                &self.inner
+            }}"
+    );
+    for (index, method) in service.methods.iter().enumerate() {
+        let name = client_method_name(&method.name);
+        if has_docs(&method.comments) {
+            push_docs(&method.comments, buf);
+        } else {
+            let _ = writeln!(
+                buf,
+                "/// Calls the `{}` rpc of `{full}`.",
+                method.proto_name
+            );
+        }
+        if name != method.name {
+            let _ = writeln!(
+                buf,
+                "///\n/// Named `{name}` because [`{client}::{}`] is taken.",
+                method.name
+            );
+        }
+        push_allow(&clippy_allows(&name, false), buf);
+        let _ = writeln!(
+            buf,
+            "pub fn {name}(&self, request: impl {RT}::IntoRequest<{input}>) -> {RT}::UnaryCall<{output}> {{
+                {RT}::unary(&self.inner, &super::{server_mod}::DESCRIPTOR.methods[{index}], request.into_request())
+            }}",
+            input = nested_type(&method.input_type),
+            output = nested_type(&method.output_type),
+        );
+    }
+    buf.push_str("}\n}\n");
+}
+
+fn generate_server(service: &Service, names: &Names, buf: &mut String) {
+    let Names {
+        full,
+        server_mod,
+        server,
+        service_trait,
+        param,
+        ..
+    } = names;
+
+    let _ = writeln!(buf, "/// Generated server for `{full}`.");
+    let _ = writeln!(buf, "pub mod {server_mod} {{");
+
+    // The trait.
+    if has_docs(&service.comments) {
+        push_docs(&service.comments, buf);
+    } else {
+        let _ = writeln!(
+            buf,
+            "/// The `{full}` service: implement it, and serve it with [`{server}`]."
+        );
+    }
+    let _ = writeln!(
+        buf,
+        "pub trait {service_trait}: ::core::marker::Send + ::core::marker::Sync + 'static {{"
+    );
+    for method in &service.methods {
+        if has_docs(&method.comments) {
+            push_docs(&method.comments, buf);
+        } else {
+            let _ = writeln!(
+                buf,
+                "/// Handles the `{}` rpc of `{full}`.",
+                method.proto_name
+            );
+        }
+        push_allow(&clippy_allows(&method.name, true), buf);
+        let _ = writeln!(
+            buf,
+            "fn {name}(&self, request: {RT}::Request<{input}>)
+                -> ::core::result::Result<{RT}::Response<{output}>, {RT}::Status>;",
+            name = method.name,
+            input = nested_type(&method.input_type),
+            output = nested_type(&method.output_type),
+        );
+    }
+    buf.push_str("}\n");
+
+    // The descriptor.
+    let _ = writeln!(
+        buf,
+        "/// Descriptor of `{full}`: name, rpcs and their stable ids.
+        pub static DESCRIPTOR: {RT}::ServiceDescriptor = {RT}::ServiceDescriptor {{
+            name: \"{full}\",
+            methods: &["
+    );
+    for method in &service.methods {
+        let path = method_path(full, &method.proto_name);
+        let id = rpc_core::codegen::method_id(&path);
+        let _ = writeln!(
+            buf,
+            "{RT}::MethodDescriptor {{ name: \"{}\", path: \"{path}\", id: {} }},",
+            method.proto_name,
+            id_literal(id),
+        );
+    }
+    buf.push_str("],\n};\n");
+
+    // The wrapper and its impls.
+    let _ = writeln!(
+        buf,
+        "/// Serves an implementation of [`{service_trait}`]; pass it to `Server::builder().add_service(..)`.
+        pub struct {server}<{param}: {service_trait}> {{
+            inner: ::std::sync::Arc<{param}>,
+        }}
+        impl<{param}: {service_trait}> {server}<{param}> {{
+            /// Wraps `inner`.
+            pub fn new(inner: {param}) -> Self {{
+                Self::from_arc(::std::sync::Arc::new(inner))
+            }}
+            /// Wraps an `inner` that is already shared.
+            pub fn from_arc(inner: ::std::sync::Arc<{param}>) -> Self {{
+                Self {{ inner }}
+            }}
+            /// The wrapped implementation.
+            pub fn get_ref(&self) -> &{param} {{
+                &self.inner
+            }}
+        }}
+        impl<{param}: {service_trait}> ::core::clone::Clone for {server}<{param}> {{
+            fn clone(&self) -> Self {{
+                Self {{ inner: ::std::sync::Arc::clone(&self.inner) }}
+            }}
+        }}
+        impl<{param}: {service_trait}> ::core::fmt::Debug for {server}<{param}> {{
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {{
+                f.debug_struct(\"{server}\").field(\"service\", &DESCRIPTOR.name).finish_non_exhaustive()
+            }}
+        }}
+        impl<{param}: {service_trait}> {RT}::Service for {server}<{param}> {{
+            fn descriptor(&self) -> &'static {RT}::ServiceDescriptor {{
+                &DESCRIPTOR
+            }}
+            fn call(&self, call: {RT}::ServerCall) {{"
+    );
+    if service.methods.is_empty() {
+        buf.push_str("call.unimplemented()\n");
+    } else {
+        buf.push_str("match call.method_id() {\n");
+        for method in &service.methods {
+            let id = rpc_core::codegen::method_id(&method_path(full, &method.proto_name));
+            // Called through the trait, not as a method of the `Arc`, so an
+            // rpc named like an `Arc` method (`Clone`) still resolves.
+            let _ = writeln!(
+                buf,
+                "{} => call.unary(|request| {param}::{}(&self.inner, request)),",
+                id_literal(id),
+                method.name,
+            );
+        }
+        buf.push_str("_ => call.unimplemented(),\n}\n");
+    }
+    buf.push_str("}\n}\n}\n");
+}
+
+/// The client method for an rpc whose prost name is `name`.
+fn client_method_name(name: &str) -> String {
+    if CLIENT_OWN_METHODS.contains(&name) {
+        format!("{name}_")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// Clippy lints that an rpc's name alone would trip on its method, which
+/// always takes `&self` and a request: naming conventions (`new`, `from_*`,
+/// `into_*`, `to_*_mut`) and, on the client's inherent methods, `cmp`, which
+/// looks like `Ord::cmp`. The name comes from the proto, so the user cannot
+/// follow the lint's advice without breaking the wire name.
+fn clippy_allows(name: &str, in_trait: bool) -> Vec<&'static str> {
+    let mut allows = Vec::new();
+    if name == "new"
+        || name.starts_with("from_")
+        || name.starts_with("into_")
+        || (name.starts_with("to_") && name.ends_with("_mut"))
+    {
+        allows.push("clippy::wrong_self_convention");
+    }
+    if name == "new" && in_trait {
+        allows.push("clippy::new_ret_no_self");
+    }
+    if name == "cmp" && !in_trait {
+        allows.push("clippy::should_implement_trait");
+    }
+    allows
+}
+
+fn push_allow(lints: &[&str], buf: &mut String) {
+    if !lints.is_empty() {
+        let _ = writeln!(buf, "#[allow({})]", lints.join(", "));
+    }
+}
+
+/// prost resolves message types relative to the package module; the
+/// generated modules sit one level below it. Absolute paths (extern types
+/// such as `::rpc_core::codegen::prost_types::Timestamp`) and the types
+/// prost maps wrapper messages to (`()`, `bool`, ...) stay as they are.
+fn nested_type(rust_type: &str) -> String {
+    const AS_IS: [&str; 8] = ["()", "bool", "f32", "f64", "i32", "i64", "u32", "u64"];
+    if rust_type.starts_with("::") || AS_IS.contains(&rust_type) {
+        rust_type.to_owned()
+    } else {
+        format!("super::{rust_type}")
+    }
+}
+
+fn has_docs(comments: &Comments) -> bool {
+    !comments.leading.is_empty() || !comments.trailing.is_empty()
+}
+
+/// Leading and trailing comments as `///` lines, escaped for rustdoc as
+/// prost does for messages. Detached comments are not docs.
+fn push_docs(comments: &Comments, buf: &mut String) {
+    let comments = Comments {
+        leading_detached: Vec::new(),
+        leading: comments.leading.clone(),
+        trailing: comments.trailing.clone(),
+    };
+    comments.append_with_indent(0, buf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_type_adds_one_super_to_relative_paths() {
+        assert_eq!(nested_type("PutRequest"), "super::PutRequest");
+        assert_eq!(nested_type("outer::Inner"), "super::outer::Inner");
+        assert_eq!(
+            nested_type("super::super::common::Ack"),
+            "super::super::super::common::Ack"
+        );
+        assert_eq!(
+            nested_type("::rpc_core::codegen::prost_types::Timestamp"),
+            "::rpc_core::codegen::prost_types::Timestamp"
+        );
+        assert_eq!(nested_type("()"), "()");
+        assert_eq!(nested_type("bool"), "bool");
+    }
+
+    #[test]
+    fn client_method_names_avoid_own_methods() {
+        assert_eq!(client_method_name("put"), "put");
+        assert_eq!(client_method_name("connect"), "connect_");
+        assert_eq!(client_method_name("new"), "new_");
+        assert_eq!(client_method_name("channel"), "channel_");
+        assert_eq!(client_method_name("r#type"), "r#type");
+    }
+}

@@ -1,0 +1,133 @@
+//! Checks a descriptor set before any code is generated, so that a proto
+//! rdma-rpc cannot serve fails the build with a message naming the rpc rather
+//! than with a confusing compile error in generated code.
+
+use heck::ToSnakeCase;
+use prost_types::{FileDescriptorSet, MethodDescriptorProto};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::io;
+
+/// `package.Service`, or `Service` in a file without a package.
+pub(crate) fn service_full_name(package: &str, service: &str) -> String {
+    if package.is_empty() {
+        service.to_owned()
+    } else {
+        format!("{package}.{service}")
+    }
+}
+
+/// `/package.Service/Method`: what the method id is computed from.
+pub(crate) fn method_path(service_full_name: &str, method: &str) -> String {
+    format!("/{service_full_name}/{method}")
+}
+
+/// Hex with the halves grouped, as written into generated code: `0x1234_abcd`.
+pub(crate) fn id_literal(id: u32) -> String {
+    format!("0x{:04x}_{:04x}", id >> 16, id & 0xffff)
+}
+
+fn streaming_kind(method: &MethodDescriptorProto) -> Option<&'static str> {
+    match (method.client_streaming(), method.server_streaming()) {
+        (false, false) => None,
+        (true, false) => Some("client-streaming"),
+        (false, true) => Some("server-streaming"),
+        (true, true) => Some("bidirectional-streaming"),
+    }
+}
+
+/// Returns every problem found, one per line, as one `InvalidInput` error.
+pub(crate) fn validate(fds: &FileDescriptorSet) -> io::Result<()> {
+    let mut problems = Vec::new();
+    // Method id -> path of the first rpc seen with it.
+    let mut ids: HashMap<u32, String> = HashMap::new();
+    // (package, Rust module name of a service) -> service full name.
+    let mut modules: HashMap<(String, String), String> = HashMap::new();
+
+    for file in &fds.file {
+        let package = file.package();
+        for service in &file.service {
+            let service_name = service_full_name(package, service.name());
+
+            let module = service.name().to_snake_case();
+            match modules.entry((package.to_owned(), module.clone())) {
+                Entry::Occupied(first) => problems.push(format!(
+                    "services `{}` and `{service_name}` (in {}) would both generate \
+                     modules `{module}_client` and `{module}_server`; rename one of them",
+                    first.get(),
+                    file.name(),
+                )),
+                Entry::Vacant(slot) => {
+                    slot.insert(service_name.clone());
+                }
+            }
+
+            // Rust method name -> rpc name.
+            let mut rust_names: HashMap<String, &str> = HashMap::new();
+            for method in &service.method {
+                let path = method_path(&service_name, method.name());
+
+                if let Some(kind) = streaming_kind(method) {
+                    problems.push(format!(
+                        "rpc `{service_name}.{}` (in {}) is {kind}; \
+                         rdma-rpc supports unary rpcs only",
+                        method.name(),
+                        file.name(),
+                    ));
+                }
+
+                let id = rpc_core::codegen::method_id(&path);
+                match ids.entry(id) {
+                    Entry::Occupied(first) => problems.push(format!(
+                        "method id collision: `{}` and `{path}` both hash to {}; \
+                         rename one of the rpcs",
+                        first.get(),
+                        id_literal(id),
+                    )),
+                    Entry::Vacant(slot) => {
+                        slot.insert(path);
+                    }
+                }
+
+                let rust_name = method.name().to_snake_case();
+                match rust_names.entry(rust_name) {
+                    Entry::Occupied(first) => problems.push(format!(
+                        "rpcs `{service_name}.{}` and `{service_name}.{}` would both \
+                         generate the Rust method `{}`; rename one of them",
+                        first.get(),
+                        method.name(),
+                        first.key(),
+                    )),
+                    Entry::Vacant(slot) => {
+                        slot.insert(method.name());
+                    }
+                }
+            }
+        }
+    }
+
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(crate::invalid_input(problems.join("\n")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(service_full_name("kv", "Kv"), "kv.Kv");
+        assert_eq!(service_full_name("", "Kv"), "Kv");
+        assert_eq!(method_path("a.b.Svc", "Get"), "/a.b.Svc/Get");
+    }
+
+    #[test]
+    fn id_literal_groups_halves() {
+        assert_eq!(id_literal(0x1234_abcd), "0x1234_abcd");
+        assert_eq!(id_literal(1), "0x0000_0001");
+        assert_eq!(id_literal(u32::MAX), "0xffff_ffff");
+    }
+}

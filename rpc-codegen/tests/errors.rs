@@ -1,0 +1,244 @@
+//! Protos that rpc-codegen must reject, with messages that name the problem,
+//! and properties of the generated code that the reference files do not spell
+//! out.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Compiles `protos` into a fresh temporary directory.
+fn compile(protos: &[&Path], includes: &[&Path]) -> io::Result<tempfile::TempDir> {
+    let out = tempfile::tempdir()?;
+    rpc_codegen::configure()
+        .out_dir(out.path())
+        .emit_rerun_if_changed(false)
+        .compile(protos, includes)?;
+    Ok(out)
+}
+
+/// Writes `files` (name, content) into a fresh temporary directory.
+fn proto_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, content) in files {
+        fs::write(dir.path().join(name), content).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn streaming_rpcs_are_rejected_by_name_and_kind() {
+    let protos = manifest_dir().join("tests/protos");
+    let err = compile(&[&protos.join("streaming.proto")], &[&protos]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    let message = err.to_string();
+
+    for expected in [
+        "rpc `stream.v1.Feed.Upload` (in streaming.proto) is client-streaming; \
+         rdma-rpc supports unary rpcs only",
+        "rpc `stream.v1.Feed.Subscribe` (in streaming.proto) is server-streaming; \
+         rdma-rpc supports unary rpcs only",
+        "rpc `stream.v1.Feed.Chat` (in streaming.proto) is bidirectional-streaming; \
+         rdma-rpc supports unary rpcs only",
+    ] {
+        assert!(
+            message.contains(expected),
+            "{expected:?} not in:\n{message}"
+        );
+    }
+    assert!(
+        !message.contains("Feed.Get"),
+        "unary rpc reported:\n{message}"
+    );
+}
+
+/// Two rpc names of `collide.Svc` whose paths have the same method id, found
+/// by the birthday paradox: about 2^16 names for a 32-bit hash.
+fn colliding_method_names() -> (String, String) {
+    let mut seen: HashMap<u32, String> = HashMap::new();
+    for i in 0u32.. {
+        let name = format!("M{i}");
+        let id = rpc_core::codegen::method_id(&format!("/collide.Svc/{name}"));
+        if let Some(first) = seen.insert(id, name.clone()) {
+            return (first, name);
+        }
+    }
+    unreachable!("a 32-bit hash collides long before 2^32 names")
+}
+
+#[test]
+fn method_id_collision_is_rejected_naming_both_paths() {
+    let (a, b) = colliding_method_names();
+    let proto = format!(
+        "syntax = \"proto3\";
+         package collide;
+         message M {{}}
+         service Svc {{
+           rpc {a}(M) returns (M);
+           rpc Other(M) returns (M);
+           rpc {b}(M) returns (M);
+         }}"
+    );
+    let dir = proto_dir(&[("collide.proto", &proto)]);
+    let err = compile(&[&dir.path().join("collide.proto")], &[dir.path()]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+
+    let message = err.to_string();
+    let id = rpc_core::codegen::method_id(&format!("/collide.Svc/{a}"));
+    assert!(
+        message.contains(&format!(
+            "method id collision: `/collide.Svc/{a}` and `/collide.Svc/{b}` both hash to 0x{:04x}_{:04x}",
+            id >> 16,
+            id & 0xffff
+        )),
+        "{message}"
+    );
+}
+
+#[test]
+fn rpcs_mapping_to_one_rust_name_are_rejected() {
+    let dir = proto_dir(&[(
+        "dup.proto",
+        "syntax = \"proto3\";
+         package dup;
+         message M {}
+         service Svc {
+           rpc GetItem(M) returns (M);
+           rpc get_item(M) returns (M);
+         }",
+    )]);
+    let err = compile(&[&dir.path().join("dup.proto")], &[dir.path()]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    let message = err.to_string();
+    assert!(
+        message.contains(
+            "rpcs `dup.Svc.GetItem` and `dup.Svc.get_item` would both generate the Rust method `get_item`"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn missing_import_names_the_file() {
+    let dir = proto_dir(&[(
+        "main.proto",
+        "syntax = \"proto3\";
+         package main;
+         import \"does/not/exist.proto\";
+         message M {}",
+    )]);
+    let err = compile(&[&dir.path().join("main.proto")], &[dir.path()]).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("does/not/exist.proto"), "{message}");
+    assert!(message.contains("main.proto"), "{message}");
+}
+
+#[test]
+fn parse_error_names_file_and_line() {
+    let dir = proto_dir(&[(
+        "broken.proto",
+        "syntax = \"proto3\";\npackage broken;\nmessage M { int32 x = ; }\n",
+    )]);
+    let err = compile(&[&dir.path().join("broken.proto")], &[dir.path()]).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("broken.proto:3:"), "{message}");
+}
+
+#[test]
+fn proto_comments_become_docs_and_uncommented_items_get_defaults() {
+    let dir = proto_dir(&[(
+        "docs.proto",
+        "syntax = \"proto3\";
+         package docs;
+         // A message.
+         message M {}
+         // The service's comment,
+         // on two lines.
+         service Documented {
+           // The rpc's comment.
+           rpc Commented(M) returns (M);
+           rpc Bare(M) returns (M);
+         }
+         service Bare {
+           rpc Call(M) returns (M);
+         }",
+    )]);
+    let out = compile(&[&dir.path().join("docs.proto")], &[dir.path()]).unwrap();
+    let code = fs::read_to_string(out.path().join("docs.rs")).unwrap();
+
+    for expected in [
+        // From the proto, on the client module, client struct and server trait.
+        "/// Generated client for `docs.Documented`.\n///\n/// The service's comment,\n/// on two lines.\npub mod documented_client {",
+        "    /// The service's comment,\n    /// on two lines.\n    #[derive(Debug, Clone)]\n    pub struct DocumentedClient {",
+        "    /// The service's comment,\n    /// on two lines.\n    pub trait Documented:",
+        "        /// The rpc's comment.\n        pub fn commented(",
+        "        /// The rpc's comment.\n        fn commented(",
+        // Defaults where the proto has no comment.
+        "        /// Calls the `Bare` rpc of `docs.Documented`.\n        pub fn bare(",
+        "        /// Handles the `Bare` rpc of `docs.Documented`.\n        fn bare(",
+        "/// Generated client for `docs.Bare`.\npub mod bare_client {",
+        "    /// Client for the `docs.Bare` service.\n",
+        "    /// The `docs.Bare` service: implement it, and serve it with [`BareServer`].\n",
+    ] {
+        assert!(code.contains(expected), "{expected:?} not in:\n{code}");
+    }
+}
+
+#[test]
+fn rpcs_of_an_imported_file_are_checked_too() {
+    let dir = proto_dir(&[
+        (
+            "lib.proto",
+            "syntax = \"proto3\";
+             package lib;
+             message M {}
+             service Watch { rpc Follow(M) returns (stream M); }",
+        ),
+        (
+            "app.proto",
+            "syntax = \"proto3\";
+             package app;
+             import \"lib.proto\";
+             message N { lib.M m = 1; }",
+        ),
+    ]);
+    let err = compile(&[&dir.path().join("app.proto")], &[dir.path()]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("rpc `lib.Watch.Follow` (in lib.proto) is server-streaming"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_file_without_package_generates_underscore_rs() {
+    let dir = proto_dir(&[(
+        "bare.proto",
+        "syntax = \"proto3\";
+         // A message.
+         message M {}
+         // A service.
+         service Top { rpc Call(M) returns (M); }",
+    )]);
+    let out = compile(&[&dir.path().join("bare.proto")], &[dir.path()]).unwrap();
+    let code = fs::read_to_string(out.path().join("_.rs")).unwrap();
+    assert!(code.contains("name: \"Top\","), "{code}");
+    assert!(code.contains("path: \"/Top/Call\","), "{code}");
+}
+
+#[test]
+fn missing_out_dir_is_reported() {
+    if std::env::var_os("OUT_DIR").is_some() {
+        return;
+    }
+    let protos = manifest_dir().join("../proto");
+    let err = rpc_codegen::configure()
+        .emit_rerun_if_changed(false)
+        .compile(&[protos.join("kv.proto")], &[&protos])
+        .unwrap_err();
+    assert!(err.to_string().contains("OUT_DIR is not set"), "{err}");
+}
