@@ -4,6 +4,9 @@
 //! each protobuf package becomes a module here through
 //! `rpc_core::include_proto!`.
 
+pub mod services;
+pub mod workload;
+
 pub mod echo {
     //! The `echo` package: a service that returns what it receives, used by
     //! tests and benchmarks.

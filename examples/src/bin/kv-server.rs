@@ -1,0 +1,46 @@
+//! Serves the example key-value store.
+//!
+//! ```text
+//! kv-server --listen tcp://0.0.0.0:7471
+//! ```
+
+use examples::kv::kv_server::KvServer;
+use examples::services::KvStore;
+use rpc_core::Server;
+
+const USAGE: &str = "usage: kv-server --listen URL   (URL: tcp://host:port, rdma://host:port or mem://name)";
+
+fn main() {
+    tracing_subscriber::fmt().with_env_filter(env_filter()).with_writer(std::io::stderr).init();
+    let mut args = std::env::args().skip(1);
+    let mut listen = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--listen" | "-l" => listen = args.next(),
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                return;
+            }
+            other => fail(&format!("unexpected argument {other:?}\n{USAGE}")),
+        }
+    }
+    let Some(listen) = listen else { fail(USAGE) };
+    let server = match Server::builder().add_service(KvServer::new(KvStore::new())).serve(&listen) {
+        Ok(s) => s,
+        Err(status) => fail(&format!("kv-server: cannot serve on {listen}: {}", status.message())),
+    };
+    println!("kv-server listening on {}", server.local_url());
+    // Serve until killed.
+    loop {
+        std::thread::park();
+    }
+}
+
+fn env_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("{msg}");
+    std::process::exit(2)
+}
