@@ -15,7 +15,7 @@ use rpc_core::{Code, Request, Response, Service, Status};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-fn all_descriptors() -> [&'static ServiceDescriptor; 8] {
+fn all_descriptors() -> [&'static ServiceDescriptor; 9] {
     [
         &echo::echo_server::DESCRIPTOR,
         &kv::kv_server::DESCRIPTOR,
@@ -25,6 +25,7 @@ fn all_descriptors() -> [&'static ServiceDescriptor; 8] {
         &v1::keywords_server::DESCRIPTOR,
         &v1::sync_server::DESCRIPTOR,
         &v1::self_server::DESCRIPTOR,
+        &v1::t_server::DESCRIPTOR,
     ]
 }
 
@@ -34,7 +35,7 @@ fn method_names(descriptor: &ServiceDescriptor) -> Vec<&'static str> {
 
 #[test]
 fn descriptors_name_services_and_rpcs_in_proto_order() {
-    let expected: [(&str, &[&str]); 8] = [
+    let expected: [(&str, &[&str]); 9] = [
         ("echo.Echo", &["Echo"]),
         ("kv.Kv", &["Put", "Get", "Delete", "Scan"]),
         ("acme.common.Admin", &[]),
@@ -61,6 +62,7 @@ fn descriptors_name_services_and_rpcs_in_proto_order() {
         ),
         ("acme.storage.v1.Sync", &["Pull"]),
         ("acme.storage.v1.Self", &["Call"]),
+        ("acme.storage.v1.T", &["Get"]),
     ];
     for (descriptor, (name, methods)) in all_descriptors().into_iter().zip(expected) {
         assert_eq!(descriptor.name, name);
@@ -388,6 +390,15 @@ impl v1::sync_server::Sync for Puller {
     }
 }
 
+/// Implements the trait named `T`, like the generated server's type parameter.
+struct Tee;
+
+impl v1::t_server::T for Tee {
+    fn get(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+        echo_token(request)
+    }
+}
+
 /// Implements the service without rpcs.
 struct Nothing;
 
@@ -418,6 +429,7 @@ fn keyword_named_services_are_implementable_and_served_as_dyn_service() {
         Box::new(v1::sync_server::SyncServer::new(Puller)),
         Box::new(common::admin_server::AdminServer::new(Nothing)),
         Box::new(v1::self_server::SelfServer::new(Myself)),
+        Box::new(v1::t_server::TServer::new(Tee)),
     ];
     let names: Vec<&str> = services.iter().map(|s| s.descriptor().name).collect();
     assert_eq!(
@@ -427,6 +439,7 @@ fn keyword_named_services_are_implementable_and_served_as_dyn_service() {
             "acme.storage.v1.Sync",
             "acme.common.Admin",
             "acme.storage.v1.Self",
+            "acme.storage.v1.T",
         ]
     );
 }

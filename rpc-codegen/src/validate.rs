@@ -3,7 +3,7 @@
 //! than with a confusing compile error in generated code.
 
 use heck::ToSnakeCase;
-use prost_types::{FileDescriptorSet, MethodDescriptorProto};
+use prost_types::{DescriptorProto, FileDescriptorSet, MethodDescriptorProto};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::io;
@@ -36,12 +36,26 @@ fn streaming_kind(method: &MethodDescriptorProto) -> Option<&'static str> {
     }
 }
 
+/// Whether prost generates a module for the nested types of `message`:
+/// nested messages other than map entries, enums, or real (not proto3
+/// `optional`) oneofs.
+fn has_module(message: &DescriptorProto) -> bool {
+    let is_map_entry =
+        |m: &DescriptorProto| m.options.as_ref().and_then(|o| o.map_entry) == Some(true);
+    !message.enum_type.is_empty()
+        || message.nested_type.iter().any(|m| !is_map_entry(m))
+        || message
+            .field
+            .iter()
+            .any(|f| f.oneof_index.is_some() && !f.proto3_optional())
+}
+
 /// Returns every problem found, one per line, as one `InvalidInput` error.
 pub(crate) fn validate(fds: &FileDescriptorSet) -> io::Result<()> {
     let mut problems = Vec::new();
     // Method id -> path of the first rpc seen with it.
     let mut ids: HashMap<u32, String> = HashMap::new();
-    // (package, Rust module name of a service) -> service full name.
+    // (package, stem of a service's modules: `kv` of `kv_client`) -> service full name.
     let mut modules: HashMap<(String, String), String> = HashMap::new();
 
     for file in &fds.file {
@@ -102,6 +116,27 @@ pub(crate) fn validate(fds: &FileDescriptorSet) -> io::Result<()> {
                         slot.insert(method.name());
                     }
                 }
+            }
+        }
+    }
+
+    // prost puts the nested types of a message `KvClient` into a module
+    // `kv_client`, which would clash with the client module of a service `Kv`.
+    for file in &fds.file {
+        let package = file.package();
+        for message in file.message_type.iter().filter(|m| has_module(m)) {
+            let module = message.name().to_snake_case();
+            let service = module
+                .strip_suffix("_client")
+                .or_else(|| module.strip_suffix("_server"))
+                .and_then(|prefix| modules.get(&(package.to_owned(), prefix.to_owned())));
+            if let Some(service) = service {
+                problems.push(format!(
+                    "message `{}` (in {}) and service `{service}` would both generate \
+                     the module `{module}`; rename one of them",
+                    service_full_name(package, message.name()),
+                    file.name(),
+                ));
             }
         }
     }

@@ -123,6 +123,27 @@ fn rpcs_mapping_to_one_rust_name_are_rejected() {
 }
 
 #[test]
+fn message_module_clashing_with_service_module_is_rejected() {
+    let dir = proto_dir(&[(
+        "clash.proto",
+        "syntax = \"proto3\";
+         package clash;
+         message M {}
+         // Its nested enum puts it in a module `kv_server`.
+         message KvServer { enum State { STATE_UNSPECIFIED = 0; } }
+         // Only a map: no module, no clash.
+         message KvClient { map<string, string> labels = 1; optional int32 x = 2; }
+         service Kv { rpc Get(M) returns (M); }",
+    )]);
+    let err = compile(&[&dir.path().join("clash.proto")], &[dir.path()]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "message `clash.KvServer` (in clash.proto) and service `clash.Kv` would both \
+         generate the module `kv_server`; rename one of them"
+    );
+}
+
+#[test]
 fn missing_import_names_the_file() {
     let dir = proto_dir(&[(
         "main.proto",
