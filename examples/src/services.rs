@@ -3,8 +3,8 @@
 
 use crate::echo::{EchoReply, EchoRequest, echo_server::Echo};
 use crate::kv::{
-    DeleteReply, DeleteRequest, Entry, GetReply, GetRequest, PutReply, PutRequest, ScanReply, ScanRequest,
-    kv_server::Kv,
+    DeleteReply, DeleteRequest, Entry, GetReply, GetRequest, PutReply, PutRequest, ScanReply,
+    ScanRequest, kv_server::Kv,
 };
 use rpc_core::{Request, Response, Status};
 use std::collections::BTreeMap;
@@ -43,7 +43,10 @@ fn check_key(key: &str) -> Result<(), Status> {
         return Err(Status::invalid_argument("key must not be empty"));
     }
     if key.len() > MAX_KEY_LEN {
-        return Err(Status::invalid_argument(format!("key of {} bytes exceeds {MAX_KEY_LEN}", key.len())));
+        return Err(Status::invalid_argument(format!(
+            "key of {} bytes exceeds {MAX_KEY_LEN}",
+            key.len()
+        )));
     }
     Ok(())
 }
@@ -52,31 +55,58 @@ impl Kv for KvStore {
     fn put(&self, request: Request<PutRequest>) -> Result<Response<PutReply>, Status> {
         let PutRequest { key, value } = request.into_inner();
         check_key(&key)?;
-        let replaced = self.map.write().unwrap_or_else(|e| e.into_inner()).insert(key, value).is_some();
+        let replaced = self
+            .map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, value)
+            .is_some();
         Ok(Response::new(PutReply { replaced }))
     }
 
     fn get(&self, request: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
         let key = &request.get_ref().key;
         check_key(key)?;
-        let value = self.map.read().unwrap_or_else(|e| e.into_inner()).get(key).cloned();
+        let value = self
+            .map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned();
         Ok(Response::new(GetReply { value }))
     }
 
     fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteReply>, Status> {
         let key = &request.get_ref().key;
         check_key(key)?;
-        let existed = self.map.write().unwrap_or_else(|e| e.into_inner()).remove(key).is_some();
+        let existed = self
+            .map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+            .is_some();
         Ok(Response::new(DeleteReply { existed }))
     }
 
     fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanReply>, Status> {
         let ScanRequest { prefix, limit } = request.into_inner();
-        let limit = if limit == 0 { DEFAULT_SCAN_LIMIT } else { limit as usize };
+        let limit = if limit == 0 {
+            DEFAULT_SCAN_LIMIT
+        } else {
+            limit as usize
+        };
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        let mut matching = map.range(prefix.clone()..).take_while(|(k, _)| k.starts_with(&prefix));
-        let entries: Vec<Entry> =
-            matching.by_ref().take(limit).map(|(k, v)| Entry { key: k.clone(), value: v.clone() }).collect();
+        let mut matching = map
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix));
+        let entries: Vec<Entry> = matching
+            .by_ref()
+            .take(limit)
+            .map(|(k, v)| Entry {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect();
         let truncated = matching.next().is_some();
         Ok(Response::new(ScanReply { entries, truncated }))
     }

@@ -56,7 +56,10 @@ pub fn run(client: &KvClient, calls: u64, concurrency: usize) -> Summary {
                 s.spawn(move || worker(&client, w, n))
             })
             .collect();
-        workers.into_iter().map(|h| h.join().expect("workload thread panicked")).collect()
+        workers
+            .into_iter()
+            .map(|h| h.join().expect("workload thread panicked"))
+            .collect()
     });
     let elapsed = start.elapsed();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
@@ -85,12 +88,23 @@ fn worker(client: &KvClient, w: u64, n: u64) -> (Histogram<u64>, u64, Option<Str
         let key = format!("key-{}", (w * 7919 + i) % KEYS);
         let t = Instant::now();
         let outcome = if i % 2 == 0 {
-            client.put(PutRequest { key: key.clone(), value: value_for(&key) }).wait().map(|_| ())
+            client
+                .put(PutRequest {
+                    key: key.clone(),
+                    value: value_for(&key),
+                })
+                .wait()
+                .map(|_| ())
         } else {
-            client.get(GetRequest { key: key.clone() }).wait().and_then(|r| match r.into_inner().value {
-                Some(v) if v != value_for(&key) => Err(rpc_core::Status::data_loss(format!("wrong value for {key}"))),
-                _ => Ok(()),
-            })
+            client
+                .get(GetRequest { key: key.clone() })
+                .wait()
+                .and_then(|r| match r.into_inner().value {
+                    Some(v) if v != value_for(&key) => Err(rpc_core::Status::data_loss(format!(
+                        "wrong value for {key}"
+                    ))),
+                    _ => Ok(()),
+                })
         };
         let ns = t.elapsed().max(Duration::from_nanos(1)).as_nanos() as u64;
         hist.saturating_record(ns);

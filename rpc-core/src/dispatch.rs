@@ -647,7 +647,10 @@ impl<F: Fabric> Conn<F> {
     fn after_batch(&self) {
         let mut s = self.send_state();
         self.flush(&mut s);
-        if s.credits.needs_explicit() && s.dead.is_none() {
+        // A quarter of the ring unreported, or few bytes that still block a
+        // sender whose next frame must wrap: either way, nothing may be
+        // flowing back to carry the ack, so send it alone.
+        if (s.credits.needs_explicit() || s.credits.may_stall_sender()) && s.dead.is_none() {
             let ack = s.credits.take_ack();
             self.post_write(&mut s, None, Doorbell::Credit { ack }.encode());
         }

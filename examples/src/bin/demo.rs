@@ -23,11 +23,22 @@ fn main() {
     let mut concurrency: usize = 4;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let mut value = || args.next().unwrap_or_else(|| fail(&format!("{arg} needs a value")));
+        let mut value = || {
+            args.next()
+                .unwrap_or_else(|| fail(&format!("{arg} needs a value")))
+        };
         match arg.as_str() {
             "--url" => url = value(),
-            "--calls" => calls = value().parse().unwrap_or_else(|_| fail("--calls needs a number")),
-            "--concurrency" => concurrency = value().parse().unwrap_or_else(|_| fail("--concurrency needs a number")),
+            "--calls" => {
+                calls = value()
+                    .parse()
+                    .unwrap_or_else(|_| fail("--calls needs a number"))
+            }
+            "--concurrency" => {
+                concurrency = value()
+                    .parse()
+                    .unwrap_or_else(|_| fail("--concurrency needs a number"))
+            }
             "--help" | "-h" => {
                 println!("{USAGE}");
                 return;
@@ -42,7 +53,13 @@ fn main() {
     let channel = Channel::builder(server.local_url())
         .timeout(Duration::from_secs(10))
         .connect()
-        .unwrap_or_else(|s| fail(&format!("demo: cannot connect to {}: {}", server.local_url(), s.message())));
+        .unwrap_or_else(|s| {
+            fail(&format!(
+                "demo: cannot connect to {}: {}",
+                server.local_url(),
+                s.message()
+            ))
+        });
     let summary = workload::run(&KvClient::new(channel), calls, concurrency);
     println!("{summary}");
     if let Some(e) = &summary.first_error {

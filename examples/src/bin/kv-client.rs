@@ -25,7 +25,8 @@ commands:
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let connect = take_opt(&mut args, "--connect").unwrap_or_else(|| fail(USAGE));
-    let timeout_ms: u64 = take_opt(&mut args, "--timeout-ms").map_or(10_000, |v| parse(&v, "--timeout-ms"));
+    let timeout_ms: u64 =
+        take_opt(&mut args, "--timeout-ms").map_or(10_000, |v| parse(&v, "--timeout-ms"));
     if args.is_empty() || args[0] == "--help" || args[0] == "-h" {
         println!("{USAGE}");
         return;
@@ -33,49 +34,93 @@ fn main() {
     let channel = Channel::builder(&connect)
         .timeout(Duration::from_millis(timeout_ms))
         .connect()
-        .unwrap_or_else(|status| fail(&format!("kv-client: cannot connect to {connect}: {}", status.message())));
+        .unwrap_or_else(|status| {
+            fail(&format!(
+                "kv-client: cannot connect to {connect}: {}",
+                status.message()
+            ))
+        });
     let client = KvClient::new(channel);
     let command = args.remove(0);
-    let result = match (command.as_str(), args.as_slice()) {
-        ("put", [key, value]) => client.put(PutRequest { key: key.clone(), value: value.clone().into_bytes() }).wait().map(
-            |r| println!("ok{}", if r.into_inner().replaced { " (replaced)" } else { "" }),
-        ),
-        ("get", [key]) => client.get(GetRequest { key: key.clone() }).wait().map(|r| match r.into_inner().value {
-            Some(v) => println!("{}", String::from_utf8_lossy(&v)),
-            None => {
-                eprintln!("not found: {key}");
-                std::process::exit(1);
+    let result =
+        match (command.as_str(), args.as_slice()) {
+            ("put", [key, value]) => client
+                .put(PutRequest {
+                    key: key.clone(),
+                    value: value.clone().into_bytes(),
+                })
+                .wait()
+                .map(|r| {
+                    println!(
+                        "ok{}",
+                        if r.into_inner().replaced {
+                            " (replaced)"
+                        } else {
+                            ""
+                        }
+                    )
+                }),
+            ("get", [key]) => client.get(GetRequest { key: key.clone() }).wait().map(|r| {
+                match r.into_inner().value {
+                    Some(v) => println!("{}", String::from_utf8_lossy(&v)),
+                    None => {
+                        eprintln!("not found: {key}");
+                        std::process::exit(1);
+                    }
+                }
+            }),
+            ("delete", [key]) => client
+                .delete(DeleteRequest { key: key.clone() })
+                .wait()
+                .map(|r| {
+                    println!(
+                        "{}",
+                        if r.into_inner().existed {
+                            "deleted"
+                        } else {
+                            "not found"
+                        }
+                    )
+                }),
+            ("scan", [prefix]) => client
+                .scan(ScanRequest {
+                    prefix: prefix.clone(),
+                    limit: 0,
+                })
+                .wait()
+                .map(|r| {
+                    let r = r.into_inner();
+                    for e in &r.entries {
+                        println!("{}\t{}", e.key, String::from_utf8_lossy(&e.value));
+                    }
+                    if r.truncated {
+                        eprintln!(
+                            "(more entries matched; showing the first {})",
+                            r.entries.len()
+                        );
+                    }
+                }),
+            ("bench", rest) => {
+                let mut rest = rest.to_vec();
+                let calls = take_opt(&mut rest, "--calls").map_or(20_000, |v| parse(&v, "--calls"));
+                let concurrency =
+                    take_opt(&mut rest, "--concurrency").map_or(8, |v| parse(&v, "--concurrency"));
+                if !rest.is_empty() {
+                    fail(&format!("unexpected arguments {rest:?}\n{USAGE}"));
+                }
+                let summary = workload::run(&client, calls, concurrency as usize);
+                println!("{summary}");
+                if let Some(e) = &summary.first_error {
+                    eprintln!("first error: {e}");
+                }
+                if summary.errors > 0 {
+                    Err(Status::unknown(format!("{} calls failed", summary.errors)))
+                } else {
+                    Ok(())
+                }
             }
-        }),
-        ("delete", [key]) => client
-            .delete(DeleteRequest { key: key.clone() })
-            .wait()
-            .map(|r| println!("{}", if r.into_inner().existed { "deleted" } else { "not found" })),
-        ("scan", [prefix]) => client.scan(ScanRequest { prefix: prefix.clone(), limit: 0 }).wait().map(|r| {
-            let r = r.into_inner();
-            for e in &r.entries {
-                println!("{}\t{}", e.key, String::from_utf8_lossy(&e.value));
-            }
-            if r.truncated {
-                eprintln!("(more entries matched; showing the first {})", r.entries.len());
-            }
-        }),
-        ("bench", rest) => {
-            let mut rest = rest.to_vec();
-            let calls = take_opt(&mut rest, "--calls").map_or(20_000, |v| parse(&v, "--calls"));
-            let concurrency = take_opt(&mut rest, "--concurrency").map_or(8, |v| parse(&v, "--concurrency"));
-            if !rest.is_empty() {
-                fail(&format!("unexpected arguments {rest:?}\n{USAGE}"));
-            }
-            let summary = workload::run(&client, calls, concurrency as usize);
-            println!("{summary}");
-            if let Some(e) = &summary.first_error {
-                eprintln!("first error: {e}");
-            }
-            if summary.errors > 0 { Err(Status::unknown(format!("{} calls failed", summary.errors))) } else { Ok(()) }
-        }
-        _ => fail(&format!("bad command {command:?} {args:?}\n{USAGE}")),
-    };
+            _ => fail(&format!("bad command {command:?} {args:?}\n{USAGE}")),
+        };
     if let Err(status) = result {
         eprintln!("kv-client: {command} failed: {status}");
         std::process::exit(1);
@@ -92,7 +137,8 @@ fn take_opt(args: &mut Vec<String>, name: &str) -> Option<String> {
 }
 
 fn parse(v: &str, name: &str) -> u64 {
-    v.parse().unwrap_or_else(|_| fail(&format!("{name}: {v:?} is not a number")))
+    v.parse()
+        .unwrap_or_else(|_| fail(&format!("{name}: {v:?} is not a number")))
 }
 
 fn fail(msg: &str) -> ! {

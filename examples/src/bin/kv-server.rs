@@ -8,10 +8,14 @@ use examples::kv::kv_server::KvServer;
 use examples::services::KvStore;
 use rpc_core::Server;
 
-const USAGE: &str = "usage: kv-server --listen URL   (URL: tcp://host:port, rdma://host:port or mem://name)";
+const USAGE: &str =
+    "usage: kv-server --listen URL   (URL: tcp://host:port, rdma://host:port or mem://name)";
 
 fn main() {
-    tracing_subscriber::fmt().with_env_filter(env_filter()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(env_filter())
+        .with_writer(std::io::stderr)
+        .init();
     let mut args = std::env::args().skip(1);
     let mut listen = None;
     while let Some(arg) = args.next() {
@@ -25,9 +29,15 @@ fn main() {
         }
     }
     let Some(listen) = listen else { fail(USAGE) };
-    let server = match Server::builder().add_service(KvServer::new(KvStore::new())).serve(&listen) {
+    let server = match Server::builder()
+        .add_service(KvServer::new(KvStore::new()))
+        .serve(&listen)
+    {
         Ok(s) => s,
-        Err(status) => fail(&format!("kv-server: cannot serve on {listen}: {}", status.message())),
+        Err(status) => fail(&format!(
+            "kv-server: cannot serve on {listen}: {}",
+            status.message()
+        )),
     };
     println!("kv-server listening on {}", server.local_url());
     // Serve until killed.
