@@ -1,6 +1,41 @@
 //! # rpc-core
 //!
 //! The runtime of rdma-rpc: typed, message-passing RPC over RDMA.
+//!
+//! Services are defined in `.proto` files and compiled by `rpc-codegen` in a
+//! build script into a client (`FooClient`), a server trait (`Foo`) and a
+//! wrapper (`FooServer`) that this crate serves. Each call is one RDMA WRITE
+//! WITH IMMEDIATE into a ring the peer registered in advance, and one back.
+//!
+//! ```ignore
+//! // build.rs: rpc_codegen::compile_protos(&["proto/kv.proto"], &["proto"])
+//! pub mod kv { rpc_core::include_proto!("kv"); }
+//! use kv::{GetReply, GetRequest, kv_client::KvClient, kv_server::{Kv, KvServer}};
+//! use rpc_core::{Request, Response, Server, Status};
+//!
+//! struct Store;
+//! impl Kv for Store {
+//!     fn get(&self, r: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
+//!         Ok(Response::new(GetReply { value: None }))
+//!     }
+//!     // ...
+//! }
+//!
+//! let server = Server::builder().add_service(KvServer::new(Store)).serve("tcp://0.0.0.0:7471")?;
+//! let client = KvClient::connect("tcp://127.0.0.1:7471")?;
+//! let reply = client.get(GetRequest { key: "a".into() }).wait()?;  // or .await
+//! server.shutdown();
+//! ```
+//!
+//! URLs choose the fabric: `rdma://host:port` (RDMA verbs), `tcp://host:port`
+//! (the same semantics in software over TCP) or `mem://name` (in one
+//! process). Everything above the [`fabric`] is the same code for all three.
+//!
+//! Layers, top to bottom: [`client`] and [`server`] (the API), the dispatcher
+//! (one poller per context turning the completion queue), [`protocol`] (pure
+//! state: frame headers, doorbells, rings, credits, the call table),
+//! [`fabric`] (the `Fabric` trait and its implementations) and [`bootstrap`]
+//! (the connection handshake).
 #![deny(unsafe_code)]
 
 pub mod bootstrap;
