@@ -8,7 +8,7 @@
 //! | 1 | 1 | kind ([`FrameKind`]) |
 //! | 2 | 2 | status (gRPC code; 0 except in `Error` frames) |
 //! | 4 | 4 | method id |
-//! | 8 | 8 | call id ([`CallId`](super::CallId)) |
+//! | 8 | 8 | call id ([`CallId`]) |
 //! | 16 | 4 | payload length |
 //! | 20 | 2 | metadata length |
 //! | 22 | 2 | flags (reserved, must be 0) |
