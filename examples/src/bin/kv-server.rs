@@ -12,9 +12,11 @@ const USAGE: &str =
     "usage: kv-server --listen URL   (URL: tcp://host:port, rdma://host:port or mem://name)";
 
 fn main() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(env_filter())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let mut args = std::env::args().skip(1);
     let mut listen = None;
