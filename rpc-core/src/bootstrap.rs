@@ -7,9 +7,12 @@
 //! for traffic. Everything received is validated before use, and reads time
 //! out.
 
-use crate::fabric::{FabricError, PeerRing};
+use crate::fabric::{FabricError, FabricUrl, PeerRing};
 use crate::protocol::{HEADER_LEN, ring};
 use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
@@ -112,6 +115,84 @@ impl Hello {
             ring,
         })
     }
+}
+
+/// Accepts handshake connections on the URL's TCP port.
+#[derive(Debug)]
+pub struct Acceptor {
+    inner: std::net::TcpListener,
+    addr: std::net::SocketAddr,
+    closed: AtomicBool,
+}
+
+impl Acceptor {
+    /// Binds the URL's host and port (0 picks a free port).
+    pub fn bind(url: &FabricUrl) -> Result<Acceptor, FabricError> {
+        let inner = std::net::TcpListener::bind(url.socket_addr())
+            .map_err(|e| FabricError::io("bind", e))?;
+        let addr = inner.local_addr().map_err(|e| FabricError::io("bind", e))?;
+        Ok(Acceptor {
+            inner,
+            addr,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Blocks for the next connection; `None` once closed.
+    pub fn next(&self) -> Result<Option<TcpStream>, FabricError> {
+        loop {
+            let accepted = self.inner.accept();
+            if self.closed.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            match accepted {
+                Ok((s, _)) => return Ok(Some(s)),
+                // Transient (aborted connections, fd pressure): keep serving.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// The bound address as `scheme://ip:port`.
+    pub fn local_url(&self, scheme: &str) -> String {
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Stops accepting and unblocks [`Acceptor::next`].
+    pub fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            // Unblock accept(): connect to ourselves (to loopback for a wildcard bind).
+            let mut addr = self.addr;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(if addr.is_ipv4() {
+                    [127, 0, 0, 1].into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                });
+            }
+            let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
+        }
+    }
+}
+
+/// Connects to the URL's host and port, trying each address it resolves to.
+pub fn dial(url: &FabricUrl, timeout: Duration) -> Result<TcpStream, FabricError> {
+    let target = url.socket_addr();
+    let addrs = target.to_socket_addrs().map_err(|e| {
+        FabricError::unreachable("connect", format!("cannot resolve {target}: {e}"))
+    })?;
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    let why = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+    Err(FabricError::unreachable("connect", format!("{url}: {why}")))
 }
 
 /// Sends a hello.

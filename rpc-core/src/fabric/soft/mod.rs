@@ -397,7 +397,7 @@ impl super::Listener<SoftFabric> for SoftListener {
     fn local_url(&self) -> String {
         match self {
             SoftListener::Mem(l) => l.local_url(),
-            SoftListener::Tcp(l) => l.local_url(),
+            SoftListener::Tcp(l) => l.local_url("tcp"),
         }
     }
     fn close(&self) {

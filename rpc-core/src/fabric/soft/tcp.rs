@@ -19,7 +19,7 @@ use crate::fabric::{
     WcStatus, WriteImm,
 };
 use std::io::{BufReader, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -97,60 +97,7 @@ impl TcpWire {
 }
 
 /// Listens on `tcp://host:port`.
-pub struct TcpListener {
-    inner: std::net::TcpListener,
-    addr: std::net::SocketAddr,
-    closed: AtomicBool,
-}
-
-impl TcpListener {
-    pub(super) fn bind(url: &FabricUrl) -> Result<TcpListener, FabricError> {
-        let inner = std::net::TcpListener::bind(url.socket_addr())
-            .map_err(|e| FabricError::io("bind", e))?;
-        let addr = inner.local_addr().map_err(|e| FabricError::io("bind", e))?;
-        Ok(TcpListener {
-            inner,
-            addr,
-            closed: AtomicBool::new(false),
-        })
-    }
-
-    pub(super) fn next(&self) -> Result<Option<TcpStream>, FabricError> {
-        loop {
-            let accepted = self.inner.accept();
-            if self.closed.load(Ordering::Acquire) {
-                return Ok(None);
-            }
-            match accepted {
-                Ok((s, _)) => return Ok(Some(s)),
-                // Transient (aborted connections, fd pressure): keep serving.
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-            }
-        }
-    }
-
-    pub(super) fn local_url(&self) -> String {
-        format!("tcp://{}", self.addr)
-    }
-
-    pub(super) fn close(&self) {
-        if !self.closed.swap(true, Ordering::AcqRel) {
-            // Unblock accept(): connect to ourselves (to loopback for a wildcard bind).
-            let mut addr = self.addr;
-            if addr.ip().is_unspecified() {
-                addr.set_ip(if addr.is_ipv4() {
-                    [127, 0, 0, 1].into()
-                } else {
-                    std::net::Ipv6Addr::LOCALHOST.into()
-                });
-            }
-            let _ = TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1));
-        }
-    }
-}
+pub type TcpListener = crate::bootstrap::Acceptor;
 
 fn local_hello(qp_num: u32, local: &LocalSetup<'_, SoftRegion>) -> Hello {
     Hello {
@@ -173,26 +120,7 @@ pub(super) fn connect(
     url: &FabricUrl,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
-    let target = url.socket_addr();
-    let addrs: Vec<_> = target
-        .to_socket_addrs()
-        .map_err(|e| FabricError::unreachable("connect", format!("cannot resolve {target}: {e}")))?
-        .collect();
-    let mut last = None;
-    let mut stream = None;
-    for a in &addrs {
-        match TcpStream::connect_timeout(a, local.timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let mut stream = stream.ok_or_else(|| {
-        let why = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-        FabricError::unreachable("connect", format!("{url}: {why}"))
-    })?;
+    let mut stream = bootstrap::dial(url, local.timeout)?;
     let qp_num = next_qp_num();
     setup(&stream, local.timeout)?;
     bootstrap::send(&mut stream, &local_hello(qp_num, &local))?;
