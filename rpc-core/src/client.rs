@@ -43,6 +43,19 @@ struct Handle {
 
 enum ClientInner {
     Soft(Client<SoftFabric>),
+    #[cfg(feature = "verbs")]
+    Verbs(Client<crate::fabric::verbs::VerbsFabric>),
+}
+
+/// Runs `$body` with `$c` bound to the fabric-specific client.
+macro_rules! with_client {
+    ($inner:expr, $c:ident => $body:expr) => {
+        match $inner {
+            ClientInner::Soft($c) => $body,
+            #[cfg(feature = "verbs")]
+            ClientInner::Verbs($c) => $body,
+        }
+    };
 }
 
 struct Client<F: Fabric> {
@@ -112,7 +125,14 @@ impl ChannelBuilder {
             Scheme::Mem | Scheme::Tcp => {
                 ClientInner::Soft(Client::connect(SoftFabric::new(), &url, self.config)?)
             }
-            Scheme::Rdma => return Err(crate::fabric::rdma_unavailable()),
+            #[cfg(feature = "verbs")]
+            Scheme::Rdma => ClientInner::Verbs(Client::connect(
+                crate::fabric::open_verbs(&url)?,
+                &url,
+                self.config,
+            )?),
+            #[cfg(not(feature = "verbs"))]
+            Scheme::Rdma => match crate::fabric::open_verbs(&url)? {},
         };
         Ok(Channel {
             inner: Arc::new(Handle {
@@ -146,17 +166,13 @@ impl Channel {
 
     /// Whether the connection is still up.
     pub fn is_connected(&self) -> bool {
-        match &self.inner.client {
-            ClientInner::Soft(c) => c.conn.is_alive(),
-        }
+        with_client!(&self.inner.client, c => c.conn.is_alive())
     }
 
     /// Responses dropped because they arrived after their call ended (timed
     /// out or cancelled), or named no call.
     pub fn stale_responses(&self) -> u64 {
-        match &self.inner.client {
-            ClientInner::Soft(c) => c.ep.role.calls().stale(),
-        }
+        with_client!(&self.inner.client, c => c.ep.role.calls().stale())
     }
 
     /// Starts a unary call; generated clients call this.
@@ -173,9 +189,7 @@ impl Channel {
         let timeout = request.timeout().or(self.inner.default_timeout);
         let span = tracing::trace_span!("call", method = method.path);
         let _guard = span.enter();
-        let started = match &self.inner.client {
-            ClientInner::Soft(c) => c.start(method.id, &request, timeout),
-        };
+        let started = with_client!(&self.inner.client, c => c.start(method.id, &request, timeout));
         match started {
             Ok((id, slot)) => UnaryCall {
                 slot: Some(slot),
@@ -188,9 +202,7 @@ impl Channel {
     }
 
     fn cancel(&self, id: CallId) {
-        match &self.inner.client {
-            ClientInner::Soft(c) => c.cancel(id),
-        }
+        with_client!(&self.inner.client, c => c.cancel(id))
     }
 }
 

@@ -554,7 +554,7 @@ impl<F: Fabric> Conn<F> {
         let wr = WriteImm {
             wr_id: s.posted,
             local: local.map(|(off, len)| (&s.staging, off, len)),
-            remote_addr: local.map_or(0, |(off, _)| self.peer.addr + off as u64),
+            remote_addr: self.peer.addr + local.map_or(0, |(off, _)| off as u64),
             rkey: self.peer.rkey,
             imm,
             signaled,

@@ -288,7 +288,10 @@ impl ServerBuilder {
         let url = FabricUrl::parse(url)?;
         match url.scheme {
             Scheme::Mem | Scheme::Tcp => self.serve_on(SoftFabric::new(), &url, routes),
-            Scheme::Rdma => Err(crate::fabric::rdma_unavailable()),
+            #[cfg(feature = "verbs")]
+            Scheme::Rdma => self.serve_on(crate::fabric::open_verbs(&url)?, &url, routes),
+            #[cfg(not(feature = "verbs"))]
+            Scheme::Rdma => match crate::fabric::open_verbs(&url)? {},
         }
     }
 

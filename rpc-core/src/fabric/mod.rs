@@ -20,6 +20,8 @@
 //! so tests on `mem://` run the real rings, credits and dispatcher.
 
 pub mod soft;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 mod url;
 
@@ -302,10 +304,27 @@ impl From<FabricError> for crate::Status {
     }
 }
 
-/// The error for `rdma://` when this build or host cannot do RDMA.
-pub(crate) fn rdma_unavailable() -> crate::Status {
-    crate::Status::unavailable(
-        "rdma://: no RDMA device was found (this build has no verbs fabric); \
-         use tcp://host:port for the software fabric over TCP, or mem://name within one process",
-    )
+/// The `Status` for an `rdma://` URL this build or host cannot serve:
+/// names the software fabrics as the alternative.
+pub(crate) fn rdma_unavailable(why: &str) -> crate::Status {
+    crate::Status::unavailable(format!(
+        "rdma://: {why}; use tcp://host:port for the software fabric over TCP, or mem://name within one process"
+    ))
+}
+
+/// Opens the verbs fabric for `url`, mapping "no device" to a clear status.
+#[cfg(feature = "verbs")]
+pub(crate) fn open_verbs(url: &FabricUrl) -> Result<verbs::VerbsFabric, crate::Status> {
+    verbs::VerbsFabric::open(url).map_err(|e| match e.kind {
+        FabricErrorKind::NoDevice(why) => rdma_unavailable(&why),
+        _ => crate::Status::from(e),
+    })
+}
+
+/// Without the `verbs` feature there is no `rdma://`.
+#[cfg(not(feature = "verbs"))]
+pub(crate) fn open_verbs(_url: &FabricUrl) -> Result<std::convert::Infallible, crate::Status> {
+    Err(rdma_unavailable(
+        "this build has no verbs fabric (rpc-core's `verbs` feature is off)",
+    ))
 }

@@ -1,0 +1,856 @@
+//! `rdma://`: the fabric over real RDMA verbs (InfiniBand, RoCE, Soft-RoCE).
+//!
+//! One [`VerbsFabric`] is one device context: a protection domain, a shared
+//! receive queue of zero-length receives, a receive CQ and a send CQ that
+//! share one completion channel. Every connection's RC queue pair is created
+//! on that SRQ and those CQs, so receive resources do not grow with
+//! connections. Receive rings are registered with local and remote write
+//! only; frames arrive as RDMA WRITE WITH IMMEDIATE, and the receive
+//! completion (`IBV_WC_RECV_RDMA_WITH_IMM`, `imm_data`, `qp_num`) is the
+//! doorbell.
+//!
+//! Connections are set up by the [`bootstrap`](crate::bootstrap) handshake
+//! over TCP on the URL's port. That TCP connection stays open as a liveness
+//! channel: when the peer process dies, its kernel closes it, and the
+//! connection fails at once instead of at the next retry timeout. QP errors
+//! reported as asynchronous events (`ibv_get_async_event`) fail the
+//! connection too.
+//!
+//! All `unsafe` code of the crate lives in this module.
+#![allow(unsafe_code)]
+
+mod resources;
+
+use ibverbs_sys as ffi;
+use resources::{CompChannel, Context, Cq, Mr, Pd, Qp, Srq};
+
+use super::{
+    Completion, CompletionKind, Connected, Fabric, FabricError, FabricErrorKind, FabricUrl,
+    Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus, WriteImm,
+};
+use crate::bootstrap::{self, Acceptor, Hello, HelloFabric};
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Send-queue entries per queue pair.
+const SQ_DEPTH: u32 = 256;
+/// Zero-length receives kept on the SRQ at most.
+const SRQ_MAX: u32 = 8192;
+/// Completions polled per CQ per call.
+const WC_BATCH: usize = 32;
+
+/// Where the chosen device, port and GID came from.
+#[derive(Debug, Clone)]
+pub struct DeviceChoice {
+    /// Device name (`mlx5_0`, `rxe0`).
+    pub device: String,
+    /// Port number (from 1).
+    pub port: u8,
+    /// GID index used for RoCE (and IB with a GRH).
+    pub gid_index: u8,
+    /// The GID.
+    pub gid: [u8; 16],
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// Whether the link layer is Ethernet (RoCE): addressing by GID.
+    pub ethernet: bool,
+    /// Active MTU (`ibv_mtu` value).
+    mtu: ffi::ibv_mtu,
+}
+
+fn no_device(why: impl Into<String>) -> FabricError {
+    FabricError {
+        op: "rdma",
+        kind: FabricErrorKind::NoDevice(why.into()),
+    }
+}
+
+fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
+    gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
+}
+
+/// Finds the device, port and GID to use: `device=`/`port=`/`gid=` URL
+/// parameters, else `RDMA_DEVICE`/`RDMA_PORT`/`RDMA_GID_INDEX`, else the first
+/// active port of the first device that has one, and its first IPv4-mapped
+/// GID (RoCE v2), else its first non-zero GID.
+fn choose(url: &FabricUrl) -> Result<(Context, DeviceChoice), FabricError> {
+    let param = |k: &str, env: &str| {
+        url.param(k)
+            .map(str::to_owned)
+            .or_else(|| std::env::var(env).ok())
+    };
+    let want_device = param("device", "RDMA_DEVICE");
+    let want_port = match param("port", "RDMA_PORT") {
+        Some(p) => Some(p.parse::<u8>().map_err(|_| {
+            FabricError::invalid("rdma", format!("port {p:?} is not a port number"))
+        })?),
+        None => None,
+    };
+    let want_gid = match param("gid", "RDMA_GID_INDEX") {
+        Some(g) => Some(g.parse::<u8>().map_err(|_| {
+            FabricError::invalid("rdma", format!("gid index {g:?} is not a number"))
+        })?),
+        None => None,
+    };
+    let mut n = 0i32;
+    // SAFETY: `n` is a valid out-pointer; the list is freed below.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        let e = std::io::Error::last_os_error();
+        return Err(no_device(format!(
+            "no RDMA device was found (ibv_get_device_list: {e})"
+        )));
+    }
+    struct List(*mut *mut ffi::ibv_device);
+    impl Drop for List {
+        fn drop(&mut self) {
+            // SAFETY: the list came from ibv_get_device_list; opened contexts stay valid after it is freed.
+            unsafe { ffi::ibv_free_device_list(self.0) };
+        }
+    }
+    let list = List(list);
+    // SAFETY: the list holds `n` valid device pointers.
+    let devices: Vec<*mut ffi::ibv_device> = (0..n.max(0) as usize)
+        .map(|i| unsafe { *list.0.add(i) })
+        .collect();
+    if devices.is_empty() {
+        return Err(no_device("no RDMA device was found"));
+    }
+    let mut seen = Vec::new();
+    for dev in devices {
+        // SAFETY: `dev` is a live entry of the list.
+        let ctx = unsafe { Context::open(dev) }?;
+        seen.push(ctx.name.clone());
+        if want_device.as_ref().is_some_and(|w| *w != ctx.name) {
+            continue;
+        }
+        let attr = ctx.query_device()?;
+        for port in 1..=attr.phys_port_cnt {
+            if want_port.is_some_and(|p| p != port) {
+                continue;
+            }
+            let pattr = ctx.query_port(port)?;
+            if pattr.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
+                continue;
+            }
+            let ethernet = pattr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET as u8;
+            let gid_index = match want_gid {
+                Some(g) => g,
+                None => {
+                    let gids: Vec<(u8, [u8; 16])> = (0..pattr.gid_tbl_len.clamp(0, 256))
+                        .filter_map(|i| ctx.query_gid(port, i).ok().map(|g| (i as u8, g)))
+                        .filter(|(_, g)| g.iter().any(|&b| b != 0))
+                        .collect();
+                    let pick = gids
+                        .iter()
+                        .find(|(_, g)| ethernet && is_ipv4_mapped(g))
+                        .or(gids.first());
+                    match pick {
+                        Some((i, _)) => *i,
+                        None if !ethernet => 0,
+                        None => continue,
+                    }
+                }
+            };
+            let gid = ctx.query_gid(port, gid_index as i32)?;
+            let choice = DeviceChoice {
+                device: ctx.name.clone(),
+                port,
+                gid_index,
+                gid,
+                lid: pattr.lid,
+                ethernet,
+                mtu: pattr.active_mtu,
+            };
+            return Ok((ctx, choice));
+        }
+    }
+    Err(match want_device {
+        Some(w) if !seen.contains(&w) => no_device(format!(
+            "RDMA device {w:?} not found (devices: {})",
+            seen.join(", ")
+        )),
+        _ => no_device(format!(
+            "no active RDMA port found (devices: {})",
+            seen.join(", ")
+        )),
+    })
+}
+
+/// State shared with liveness watchers: completions made up in software
+/// (a dead peer, a QP error event) and the wake-up file descriptor.
+struct Side {
+    queue: Mutex<VecDeque<Completion>>,
+    wake_fd: i32,
+}
+
+impl Side {
+    fn push(&self, c: Completion) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(c);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
+        unsafe { libc::write(self.wake_fd, (&one as *const u64).cast(), 8) };
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        // SAFETY: the eventfd is owned by this struct.
+        unsafe { libc::close(self.wake_fd) };
+    }
+}
+
+struct Inner {
+    choice: DeviceChoice,
+    srq: Arc<Srq>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    channel: Arc<CompChannel>,
+    pd: Arc<Pd>,
+    ctx: Arc<Context>,
+    side: Arc<Side>,
+    srq_depth: u32,
+}
+
+/// A verbs device context with its SRQ and CQs; see the module docs.
+#[derive(Clone)]
+pub struct VerbsFabric {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for VerbsFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsFabric")
+            .field("choice", &self.inner.choice)
+            .finish()
+    }
+}
+
+fn set_nonblocking(fd: i32, op: &'static str) -> Result<(), FabricError> {
+    // SAFETY: fcntl on a file descriptor we own; no pointers involved.
+    let rc = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+    };
+    if rc < 0 {
+        return Err(FabricError::io(op, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+impl VerbsFabric {
+    /// Opens the device the URL or environment selects (see module docs).
+    pub fn open(url: &FabricUrl) -> Result<VerbsFabric, FabricError> {
+        let (ctx, choice) = choose(url)?;
+        let ctx = Arc::new(ctx);
+        let attr = ctx.query_device()?;
+        let srq_depth = SRQ_MAX.min(attr.max_srq_wr.max(16) as u32 - 1);
+        let cqe = (srq_depth as i32 * 2).min(attr.max_cqe);
+        let pd = Arc::new(Pd::new(ctx.clone())?);
+        let channel = Arc::new(CompChannel::new(ctx.clone())?);
+        set_nonblocking(channel.fd(), "fcntl(comp channel)")?;
+        set_nonblocking(ctx.async_fd(), "fcntl(async fd)")?;
+        let recv_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
+        let send_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
+        let srq = Arc::new(Srq::new(pd.clone(), srq_depth)?);
+        // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake_fd < 0 {
+            return Err(FabricError::io("eventfd", std::io::Error::last_os_error()));
+        }
+        let side = Arc::new(Side {
+            queue: Mutex::new(VecDeque::new()),
+            wake_fd,
+        });
+        tracing::debug!(device = %choice.device, port = choice.port, gid_index = choice.gid_index, "opened RDMA device");
+        Ok(VerbsFabric {
+            inner: Arc::new(Inner {
+                choice,
+                srq,
+                send_cq,
+                recv_cq,
+                channel,
+                pd,
+                ctx,
+                side,
+                srq_depth,
+            }),
+        })
+    }
+
+    /// The device, port and GID in use.
+    pub fn choice(&self) -> &DeviceChoice {
+        &self.inner.choice
+    }
+
+    /// How many zero-length receives the SRQ can hold.
+    pub fn srq_depth(&self) -> u32 {
+        self.inner.srq_depth
+    }
+
+    fn poll_cq(&self, cq: &Cq, recv: bool, out: &mut Vec<Completion>, max: usize) -> usize {
+        // SAFETY: ibv_wc is plain old data; zero is valid.
+        let mut wcs: [ffi::ibv_wc; WC_BATCH] = unsafe { std::mem::zeroed() };
+        let n = match cq.poll(&mut wcs[..max.min(WC_BATCH)]) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "polling a completion queue failed");
+                return 0;
+            }
+        };
+        for wc in &wcs[..n] {
+            let status = match wc.error() {
+                None => WcStatus::Success,
+                Some((s, vendor)) => match s {
+                    ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR => WcStatus::RemoteAccess,
+                    ffi::ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExceeded,
+                    ffi::ibv_wc_status::IBV_WC_RETRY_EXC_ERR => WcStatus::RetryExceeded,
+                    ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR => WcStatus::Flushed,
+                    other => WcStatus::Other {
+                        vendor: other << 16 | (vendor & 0xffff),
+                    },
+                },
+            };
+            let kind = if recv {
+                CompletionKind::RecvImm {
+                    imm: wc.imm_data().map_or(0, u32::from_be),
+                    byte_len: wc.len() as u32,
+                }
+            } else {
+                CompletionKind::Send
+            };
+            out.push(Completion {
+                wr_id: wc.wr_id(),
+                qp_num: wc.qp_num,
+                kind,
+                status,
+            });
+        }
+        n
+    }
+
+    /// Drains asynchronous events: QP errors fail their connection.
+    fn drain_async(&self) {
+        loop {
+            // SAFETY: plain old data; zero is valid.
+            let mut ev: ffi::ibv_async_event = unsafe { std::mem::zeroed() };
+            // SAFETY: the context is open and its async fd non-blocking.
+            if unsafe { ffi::ibv_get_async_event(self.inner.ctx.as_ptr(), &mut ev) } != 0 {
+                return;
+            }
+            match ev.event_type {
+                ffi::IBV_EVENT_QP_FATAL
+                | ffi::IBV_EVENT_QP_REQ_ERR
+                | ffi::IBV_EVENT_QP_ACCESS_ERR => {
+                    // SAFETY: for QP events `element.qp` is the QP, valid until the event is acked.
+                    let qp_num = unsafe { (*ev.element.qp).qp_num };
+                    tracing::warn!(qp_num, event = ev.event_type, "queue pair error event");
+                    self.inner.side.push(Completion {
+                        wr_id: 0,
+                        qp_num,
+                        kind: CompletionKind::Send,
+                        status: WcStatus::Other {
+                            vendor: ev.event_type,
+                        },
+                    });
+                }
+                ffi::IBV_EVENT_DEVICE_FATAL => {
+                    tracing::error!(device = %self.inner.choice.device, "RDMA device fatal error")
+                }
+                ffi::IBV_EVENT_PORT_ERR => {
+                    tracing::error!(device = %self.inner.choice.device, "RDMA port went down")
+                }
+                other => tracing::debug!(event = other, "RDMA async event"),
+            }
+            // SAFETY: acknowledging the event we got.
+            unsafe { ffi::ibv_ack_async_event(&mut ev) };
+        }
+    }
+
+    fn hello(&self, qp: &Qp, psn: u32, local: &LocalSetup<'_, VerbsRegion>) -> Hello {
+        Hello {
+            fabric: HelloFabric::Rdma,
+            qp_num: qp.qp_num(),
+            psn,
+            lid: self.inner.choice.lid,
+            gid: self.inner.choice.gid,
+            ring: PeerRing {
+                addr: local.ring.addr(),
+                len: local.ring.len() as u64,
+                rkey: local.ring.rkey(),
+                max_message: local.max_message,
+            },
+        }
+    }
+
+    fn new_qp(&self) -> Result<Qp, FabricError> {
+        let i = &self.inner;
+        let qp = Qp::new(
+            i.pd.clone(),
+            i.send_cq.clone(),
+            i.recv_cq.clone(),
+            i.srq.clone(),
+            SQ_DEPTH,
+        )?;
+        // SAFETY: plain old data; zero is valid.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = i.choice.port;
+        a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        use ffi::ibv_qp_attr_mask as m;
+        qp.modify(
+            &mut a,
+            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS).0,
+            "ibv_modify_qp(INIT)",
+        )?;
+        Ok(qp)
+    }
+
+    /// Moves `qp` to RTR then RTS towards `peer`.
+    fn connect_qp(&self, qp: &Qp, psn: u32, peer: &Hello) -> Result<(), FabricError> {
+        let c = &self.inner.choice;
+        use ffi::ibv_qp_attr_mask as m;
+        // SAFETY: plain old data; zero is valid.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = c.mtu;
+        a.dest_qp_num = peer.qp_num;
+        a.rq_psn = peer.psn;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 12;
+        a.ah_attr.port_num = c.port;
+        a.ah_attr.dlid = peer.lid;
+        if c.ethernet || peer.gid.iter().any(|&b| b != 0) && peer.lid == 0 {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid.raw = peer.gid;
+            a.ah_attr.grh.sgid_index = c.gid_index;
+            a.ah_attr.grh.hop_limit = 64;
+        }
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_DEST_QPN
+            | m::IBV_QP_RQ_PSN
+            | m::IBV_QP_MAX_DEST_RD_ATOMIC
+            | m::IBV_QP_MIN_RNR_TIMER;
+        qp.modify(&mut a, mask.0, "ibv_modify_qp(RTR)")?;
+        // SAFETY: plain old data; zero is valid.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7; // retry forever: the SRQ is refilled, RNR only delays
+        a.sq_psn = psn;
+        a.max_rd_atomic = 1;
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY
+            | m::IBV_QP_SQ_PSN
+            | m::IBV_QP_MAX_QP_RD_ATOMIC;
+        qp.modify(&mut a, mask.0, "ibv_modify_qp(RTS)")
+    }
+
+    fn finish(
+        &self,
+        stream: TcpStream,
+        qp: Qp,
+        peer: Hello,
+        pending: Option<Hello>,
+    ) -> Result<Connected<VerbsQp>, FabricError> {
+        stream
+            .set_read_timeout(None)
+            .map_err(|e| FabricError::io("set_read_timeout", e))?;
+        let peer_addr = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        let dead = Arc::new(AtomicBool::new(false));
+        let watcher = Watcher {
+            stream: stream
+                .try_clone()
+                .map_err(|e| FabricError::io("clone socket", e))?,
+            side: self.inner.side.clone(),
+            qp_num: qp.qp_num(),
+            dead: dead.clone(),
+        };
+        std::thread::Builder::new()
+            .name(format!("rpc-rdma-live-{}", qp.qp_num()))
+            .spawn(move || watcher.run())
+            .map_err(|e| FabricError::io("spawn liveness watcher", e))?;
+        Ok(Connected {
+            qp: VerbsQp {
+                qp,
+                stream,
+                dead,
+                pending,
+            },
+            peer: peer.ring,
+            peer_addr: format!("rdma://{peer_addr}"),
+        })
+    }
+}
+
+fn random_psn() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = t ^ (std::process::id() as u64).rotate_left(32);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    (x as u32) & 0x00ff_ffff
+}
+
+/// Watches the handshake's TCP connection: EOF means the peer is gone.
+struct Watcher {
+    stream: TcpStream,
+    side: Arc<Side>,
+    qp_num: u32,
+    dead: Arc<AtomicBool>,
+}
+
+impl Watcher {
+    fn run(mut self) {
+        let mut buf = [0u8; 64];
+        // The peer never sends after the handshake: any read result ends it.
+        let _ = self.stream.read(&mut buf);
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            tracing::debug!(qp_num = self.qp_num, "peer closed its liveness connection");
+            self.side.push(Completion {
+                wr_id: 0,
+                qp_num: self.qp_num,
+                kind: CompletionKind::Send,
+                status: WcStatus::RetryExceeded,
+            });
+        }
+    }
+}
+
+/// Memory registered with the device.
+#[derive(Clone)]
+pub struct VerbsRegion {
+    mr: Arc<Mr>,
+}
+
+impl std::fmt::Debug for VerbsRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.mr.len)
+            .finish()
+    }
+}
+
+impl Region for VerbsRegion {
+    fn addr(&self) -> u64 {
+        self.mr.buf.as_ptr() as u64
+    }
+    fn len(&self) -> usize {
+        self.mr.len
+    }
+    fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+    fn read<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        assert!(
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.mr.len),
+            "read out of region bounds"
+        );
+        // SAFETY: in bounds of the owned buffer. The protocol gives the reader
+        // these bytes: the peer wrote them before the doorbell it polled
+        // (ibv_poll_cq orders the DMA before the completion) and writes them
+        // again only after they are released. A peer that ignores that can
+        // only change bytes we then validate, never memory outside the buffer.
+        f(unsafe { std::slice::from_raw_parts(self.mr.buf.as_ptr().add(offset), len) })
+    }
+    fn write<R>(&self, offset: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        assert!(
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.mr.len),
+            "write out of region bounds"
+        );
+        // SAFETY: in bounds of the owned buffer. Writes go to staging bytes
+        // whose previous frame the peer has released, so no posted work
+        // request still reads them; callers hold the connection's send lock,
+        // so no other thread writes them.
+        f(unsafe { std::slice::from_raw_parts_mut(self.mr.buf.as_ptr().add(offset), len) })
+    }
+}
+
+/// A connected RC queue pair, with its liveness connection.
+pub struct VerbsQp {
+    qp: Qp,
+    stream: TcpStream,
+    dead: Arc<AtomicBool>,
+    pending: Option<Hello>,
+}
+
+impl std::fmt::Debug for VerbsQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsQp")
+            .field("qp_num", &self.qp.qp_num())
+            .finish()
+    }
+}
+
+impl QueuePair for VerbsQp {
+    type Region = VerbsRegion;
+
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    fn post_write_imm(&mut self, wr: &WriteImm<'_, VerbsRegion>) -> Result<(), FabricError> {
+        let (mut sge, num_sge, len) = match wr.local {
+            Some((region, off, len)) => {
+                assert!(
+                    off.checked_add(len).is_some_and(|end| end <= region.len()),
+                    "write source out of region bounds"
+                );
+                let sge = ffi::ibv_sge {
+                    addr: region.addr() + off as u64,
+                    length: len as u32,
+                    lkey: region.mr.lkey(),
+                };
+                (sge, 1, len)
+            }
+            None => (
+                ffi::ibv_sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0,
+                },
+                0,
+                0,
+            ),
+        };
+        // SAFETY: plain old data; zero is valid.
+        let mut w: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.wr_id = wr.wr_id;
+        w.sg_list = &mut sge;
+        w.num_sge = num_sge;
+        w.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        let mut flags = 0;
+        if wr.signaled {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if len > 0 && len <= self.qp.max_inline as usize {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        w.send_flags = flags;
+        w.__bindgen_anon_1.imm_data = wr.imm.to_be();
+        w.wr.rdma.remote_addr = wr.remote_addr;
+        w.wr.rdma.rkey = wr.rkey;
+        // SAFETY: the SGE names a registered region of this context's PD; the
+        // dispatcher keeps the region alive longer than the queue pair and
+        // reuses its bytes only after the peer released them (which implies
+        // the write was executed).
+        unsafe { self.qp.post_send(&mut w) }
+    }
+
+    fn send_queue_depth(&self) -> usize {
+        self.qp.sq_depth as usize
+    }
+
+    fn established(&mut self) -> Result<(), FabricError> {
+        if let Some(hello) = self.pending.take() {
+            bootstrap::send(&mut self.stream, &hello)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        self.dead.store(true, Ordering::Release);
+        // The peer's watcher sees EOF: its side of the connection fails now.
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Accepts `rdma://` connections (the handshake's TCP port).
+#[derive(Debug)]
+pub struct VerbsListener {
+    acceptor: Acceptor,
+}
+
+impl Listener<VerbsFabric> for VerbsListener {
+    fn next(&self) -> Result<Option<TcpStream>, FabricError> {
+        self.acceptor.next()
+    }
+    fn local_url(&self) -> String {
+        self.acceptor.local_url("rdma")
+    }
+    fn close(&self) {
+        self.acceptor.close();
+    }
+}
+
+impl Fabric for VerbsFabric {
+    type Region = VerbsRegion;
+    type Qp = VerbsQp;
+    type Listener = VerbsListener;
+    type Incoming = TcpStream;
+
+    fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
+        Ok(VerbsRegion {
+            mr: Arc::new(Mr::new(self.inner.pd.clone(), len, remote_write)?),
+        })
+    }
+
+    fn post_recv(&self, count: u32) -> Result<(), FabricError> {
+        self.inner.srq.post_zero_length(count)
+    }
+
+    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let mut n = 0;
+        {
+            let mut side = self
+                .inner
+                .side
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            while n < max {
+                let Some(c) = side.pop_front() else { break };
+                out.push(c);
+                n += 1;
+            }
+        }
+        if n < max {
+            n += self.poll_cq(&self.inner.recv_cq, true, out, max - n);
+        }
+        if n < max {
+            n += self.poll_cq(&self.inner.send_cq, false, out, max - n);
+        }
+        n
+    }
+
+    fn wait(&self, timeout: Option<Duration>) {
+        let i = &self.inner;
+        // Arm both CQs, then look once more: a completion that arrived before
+        // arming raised no event.
+        if i.recv_cq.arm().is_err() || i.send_cq.arm().is_err() {
+            return;
+        }
+        let mut probe = Vec::new();
+        if self.poll(&mut probe, 1) > 0 {
+            // Put it back in front: the caller polls again right away.
+            i.side
+                .queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_front(probe[0]);
+            return;
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: i.channel.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: i.ctx.async_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: i.side.wake_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = timeout.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
+        // SAFETY: `fds` is a valid array of 3 pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
+        if rc <= 0 {
+            return;
+        }
+        if fds[0].revents != 0 {
+            loop {
+                let mut cq = std::ptr::null_mut();
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: the channel is alive and non-blocking; out-pointers are valid.
+                if unsafe { ffi::ibv_get_cq_event(i.channel.ptr.as_ptr(), &mut cq, &mut ctx) } != 0
+                {
+                    break;
+                }
+                // SAFETY: `cq` is the CQ the event was for; each event is acked once.
+                unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+            }
+        }
+        if fds[1].revents != 0 {
+            self.drain_async();
+        }
+        if fds[2].revents != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reading 8 bytes into a valid u64 from our eventfd.
+            unsafe { libc::read(i.side.wake_fd, (&mut v as *mut u64).cast(), 8) };
+        }
+    }
+
+    fn interrupt(&self) {
+        self.inner.side.wake();
+    }
+
+    fn listen(&self, url: &FabricUrl) -> Result<VerbsListener, FabricError> {
+        Ok(VerbsListener {
+            acceptor: Acceptor::bind(url)?,
+        })
+    }
+
+    fn connect(
+        &self,
+        url: &FabricUrl,
+        local: LocalSetup<'_, VerbsRegion>,
+    ) -> Result<Connected<VerbsQp>, FabricError> {
+        let mut stream = bootstrap::dial(url, local.timeout)?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| FabricError::io("set_nodelay", e))?;
+        stream
+            .set_read_timeout(Some(local.timeout))
+            .map_err(|e| FabricError::io("set_read_timeout", e))?;
+        let qp = self.new_qp()?;
+        let psn = random_psn();
+        bootstrap::send(&mut stream, &self.hello(&qp, psn, &local))?;
+        let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
+        self.connect_qp(&qp, psn, &peer)?;
+        self.finish(stream, qp, peer, None)
+    }
+
+    fn accept(
+        &self,
+        mut stream: TcpStream,
+        local: LocalSetup<'_, VerbsRegion>,
+    ) -> Result<Connected<VerbsQp>, FabricError> {
+        stream
+            .set_nodelay(true)
+            .map_err(|e| FabricError::io("set_nodelay", e))?;
+        stream
+            .set_read_timeout(Some(local.timeout))
+            .map_err(|e| FabricError::io("set_read_timeout", e))?;
+        let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
+        let qp = self.new_qp()?;
+        let psn = random_psn();
+        self.connect_qp(&qp, psn, &peer)?;
+        let hello = self.hello(&qp, psn, &local);
+        self.finish(stream, qp, peer, Some(hello))
+    }
+}

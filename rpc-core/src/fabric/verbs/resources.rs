@@ -1,0 +1,504 @@
+//! Owned verbs objects. Each handle owns its parents through `Arc`, so
+//! teardown runs in the order verbs requires: queue pairs, then memory
+//! regions, shared receive queue and completion queues, then the protection
+//! domain, then the device context.
+
+use super::ffi;
+use crate::fabric::FabricError;
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+fn os_error(op: &'static str) -> FabricError {
+    FabricError::io(op, std::io::Error::last_os_error())
+}
+
+fn rc_error(op: &'static str, rc: i32) -> FabricError {
+    // Verbs calls return the errno either as the value or through errno.
+    let code = if rc > 0 {
+        rc
+    } else {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(-rc)
+    };
+    FabricError::io(op, std::io::Error::from_raw_os_error(code))
+}
+
+/// An open device context.
+pub(super) struct Context {
+    pub(super) ptr: NonNull<ffi::ibv_context>,
+    pub(super) name: String,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread; every call on them
+// is thread-safe per the libibverbs documentation.
+unsafe impl Send for Context {}
+// SAFETY: as above: shared use across threads is allowed by libibverbs.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Opens `device`.
+    ///
+    /// # Safety
+    /// `device` must come from a device list that is still alive.
+    pub(super) unsafe fn open(device: *mut ffi::ibv_device) -> Result<Context, FabricError> {
+        // SAFETY: the caller guarantees `device` is a live list entry.
+        let name = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name(device)) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: as above.
+        let ptr = unsafe { ffi::ibv_open_device(device) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| os_error("ibv_open_device"))?;
+        Ok(Context { ptr, name })
+    }
+
+    pub(super) fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.ptr.as_ptr()
+    }
+
+    pub(super) fn query_device(&self) -> Result<ffi::ibv_device_attr, FabricError> {
+        // SAFETY: ibv_device_attr is plain old data; all-zero is a valid value.
+        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_device(self.as_ptr(), &mut attr) };
+        if rc != 0 {
+            return Err(rc_error("ibv_query_device", rc));
+        }
+        Ok(attr)
+    }
+
+    pub(super) fn query_port(&self, port: u8) -> Result<ffi::ibv_port_attr, FabricError> {
+        // SAFETY: plain old data; zeroed as verbs.h's ___ibv_query_port does.
+        let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the exported ibv_query_port fills a full ibv_port_attr (the
+        // compat type is its prefix), exactly as the static inline wrapper in
+        // verbs.h calls it; the context is open and `attr` is valid.
+        let rc = unsafe {
+            ffi::ibv_query_port(
+                self.as_ptr(),
+                port,
+                (&mut attr as *mut ffi::ibv_port_attr).cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(rc_error("ibv_query_port", rc));
+        }
+        Ok(attr)
+    }
+
+    pub(super) fn query_gid(&self, port: u8, index: i32) -> Result<[u8; 16], FabricError> {
+        // SAFETY: ibv_gid is a union of byte arrays; zero is valid.
+        let mut gid: ffi::ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `gid` is a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_gid(self.as_ptr(), port, index, &mut gid) };
+        if rc != 0 {
+            return Err(rc_error("ibv_query_gid", rc));
+        }
+        // SAFETY: every bit pattern of the union is a valid byte array.
+        Ok(unsafe { gid.raw })
+    }
+
+    /// The file descriptor of asynchronous events.
+    pub(super) fn async_fd(&self) -> i32 {
+        // SAFETY: reading a plain field of the open context.
+        unsafe { (*self.as_ptr()).async_fd }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every child object holds an Arc to this context, so none is alive.
+        unsafe { ffi::ibv_close_device(self.as_ptr()) };
+    }
+}
+
+/// A protection domain.
+pub(super) struct Pd {
+    pub(super) ptr: NonNull<ffi::ibv_pd>,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: protection domains are thread-safe verbs objects.
+unsafe impl Send for Pd {}
+// SAFETY: as above.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    pub(super) fn new(ctx: Arc<Context>) -> Result<Pd, FabricError> {
+        // SAFETY: the context is open.
+        let ptr = unsafe { ffi::ibv_alloc_pd(ctx.as_ptr()) };
+        Ok(Pd {
+            ptr: NonNull::new(ptr).ok_or_else(|| os_error("ibv_alloc_pd"))?,
+            _ctx: ctx,
+        })
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: regions, SRQs and QPs hold an Arc to this PD, so none is alive.
+        unsafe { ffi::ibv_dealloc_pd(self.ptr.as_ptr()) };
+    }
+}
+
+/// A completion channel: a file descriptor that becomes readable when an
+/// armed completion queue gets an entry.
+pub(super) struct CompChannel {
+    pub(super) ptr: NonNull<ffi::ibv_comp_channel>,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: completion channels are thread-safe verbs objects.
+unsafe impl Send for CompChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompChannel {}
+
+impl CompChannel {
+    pub(super) fn new(ctx: Arc<Context>) -> Result<CompChannel, FabricError> {
+        // SAFETY: the context is open.
+        let ptr = unsafe { ffi::ibv_create_comp_channel(ctx.as_ptr()) };
+        Ok(CompChannel {
+            ptr: NonNull::new(ptr).ok_or_else(|| os_error("ibv_create_comp_channel"))?,
+            _ctx: ctx,
+        })
+    }
+
+    pub(super) fn fd(&self) -> i32 {
+        // SAFETY: reading a plain field of a live channel.
+        unsafe { (*self.ptr.as_ptr()).fd }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: CQs using this channel hold an Arc to it, so none is alive.
+        unsafe { ffi::ibv_destroy_comp_channel(self.ptr.as_ptr()) };
+    }
+}
+
+/// A completion queue.
+pub(super) struct Cq {
+    pub(super) ptr: NonNull<ffi::ibv_cq>,
+    _channel: Arc<CompChannel>,
+}
+
+// SAFETY: polling and arming a CQ are thread-safe in libibverbs; this crate
+// polls each CQ from one poller thread anyway.
+unsafe impl Send for Cq {}
+// SAFETY: as above.
+unsafe impl Sync for Cq {}
+
+impl Cq {
+    pub(super) fn new(
+        ctx: &Context,
+        entries: i32,
+        channel: Arc<CompChannel>,
+    ) -> Result<Cq, FabricError> {
+        // SAFETY: the context and the channel are alive.
+        let ptr = unsafe {
+            ffi::ibv_create_cq(
+                ctx.as_ptr(),
+                entries,
+                std::ptr::null_mut(),
+                channel.ptr.as_ptr(),
+                0,
+            )
+        };
+        Ok(Cq {
+            ptr: NonNull::new(ptr).ok_or_else(|| os_error("ibv_create_cq"))?,
+            _channel: channel,
+        })
+    }
+
+    /// Polls up to `wcs.len()` completions; returns how many were written.
+    pub(super) fn poll(&self, wcs: &mut [ffi::ibv_wc]) -> Result<usize, FabricError> {
+        let cq = self.ptr.as_ptr();
+        // SAFETY: ibv_poll_cq is static inline in verbs.h: it calls the
+        // provider's op from the context's ops table, which is what we do. The
+        // CQ is alive and `wcs` has room for the count passed.
+        let n = unsafe {
+            let poll = (*(*cq).context)
+                .ops
+                .poll_cq
+                .ok_or_else(|| FabricError::invalid("ibv_poll_cq", "provider has no poll_cq"))?;
+            poll(cq, wcs.len() as i32, wcs.as_mut_ptr())
+        };
+        if n < 0 {
+            return Err(rc_error("ibv_poll_cq", n));
+        }
+        Ok(n as usize)
+    }
+
+    /// Arms the CQ: the next completion makes the channel readable.
+    pub(super) fn arm(&self) -> Result<(), FabricError> {
+        let cq = self.ptr.as_ptr();
+        // SAFETY: ibv_req_notify_cq is static inline: it calls the ops table
+        // entry, as here. The CQ is alive.
+        let rc = unsafe {
+            let notify = (*(*cq).context).ops.req_notify_cq.ok_or_else(|| {
+                FabricError::invalid("ibv_req_notify_cq", "provider has no req_notify_cq")
+            })?;
+            notify(cq, 0)
+        };
+        if rc != 0 {
+            return Err(rc_error("ibv_req_notify_cq", rc));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: QPs using this CQ hold an Arc to it, so none is alive; every
+        // event taken from the channel was acknowledged when taken.
+        unsafe { ffi::ibv_destroy_cq(self.ptr.as_ptr()) };
+    }
+}
+
+/// A shared receive queue.
+pub(super) struct Srq {
+    pub(super) ptr: NonNull<ffi::ibv_srq>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: posting to an SRQ is thread-safe in libibverbs.
+unsafe impl Send for Srq {}
+// SAFETY: as above.
+unsafe impl Sync for Srq {}
+
+/// Receives posted per call to the provider.
+const RECV_BATCH: usize = 64;
+
+impl Srq {
+    pub(super) fn new(pd: Arc<Pd>, max_wr: u32) -> Result<Srq, FabricError> {
+        // SAFETY: plain old data; zero is valid.
+        let mut init: ffi::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        init.attr.max_wr = max_wr;
+        init.attr.max_sge = 1;
+        // SAFETY: the PD is alive and `init` is valid.
+        let ptr = unsafe { ffi::ibv_create_srq(pd.ptr.as_ptr(), &mut init) };
+        Ok(Srq {
+            ptr: NonNull::new(ptr).ok_or_else(|| os_error("ibv_create_srq"))?,
+            _pd: pd,
+        })
+    }
+
+    /// Posts `count` zero-length receives (write-with-imm places no data in them).
+    pub(super) fn post_zero_length(&self, mut count: u32) -> Result<(), FabricError> {
+        // SAFETY: plain old data; a zeroed recv WR with no SGE is a valid zero-length receive.
+        let mut wrs: [ffi::ibv_recv_wr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        while count > 0 {
+            let n = (count as usize).min(RECV_BATCH);
+            for i in 0..n {
+                wrs[i].num_sge = 0;
+                wrs[i].sg_list = std::ptr::null_mut();
+                wrs[i].next = if i + 1 < n {
+                    &mut wrs[i + 1]
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+            let mut bad = std::ptr::null_mut();
+            let srq = self.ptr.as_ptr();
+            // SAFETY: ibv_post_srq_recv is static inline: it calls the ops
+            // table entry, as here. The SRQ is alive and the chain of `n`
+            // WRs lives on this stack frame for the call (verbs copies them).
+            let rc = unsafe {
+                let post = (*(*srq).context).ops.post_srq_recv.ok_or_else(|| {
+                    FabricError::invalid("ibv_post_srq_recv", "provider has no post_srq_recv")
+                })?;
+                post(srq, wrs.as_mut_ptr(), &mut bad)
+            };
+            if rc != 0 {
+                return Err(rc_error("ibv_post_srq_recv", rc));
+            }
+            count -= n as u32;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: QPs attached to this SRQ hold an Arc to it, so none is alive.
+        unsafe { ffi::ibv_destroy_srq(self.ptr.as_ptr()) };
+    }
+}
+
+/// Page-aligned memory registered with a PD.
+pub(super) struct Mr {
+    pub(super) ptr: NonNull<ffi::ibv_mr>,
+    pub(super) buf: NonNull<u8>,
+    pub(super) len: usize,
+    layout: Layout,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: the buffer is owned by this handle; access to it is mediated by
+// `&self` methods whose callers uphold the protocol's ownership of ring bytes
+// (see `VerbsRegion`).
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    pub(super) fn new(pd: Arc<Pd>, len: usize, remote_write: bool) -> Result<Mr, FabricError> {
+        let layout = Layout::from_size_align(len.max(1), 4096)
+            .map_err(|e| FabricError::invalid("ibv_reg_mr", e.to_string()))?;
+        // SAFETY: the layout has a non-zero size.
+        let buf = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(|| {
+            FabricError::invalid("ibv_reg_mr", format!("cannot allocate {len} bytes"))
+        })?;
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote_write {
+            access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        // SAFETY: `buf` points to `len` owned bytes that outlive the MR (they
+        // are freed only after deregistration, in Drop); the PD is alive.
+        let mr =
+            unsafe { ffi::ibv_reg_mr(pd.ptr.as_ptr(), buf.as_ptr().cast(), len, access as i32) };
+        match NonNull::new(mr) {
+            Some(ptr) => Ok(Mr {
+                ptr,
+                buf,
+                len,
+                layout,
+                _pd: pd,
+            }),
+            None => {
+                let err = os_error("ibv_reg_mr");
+                // SAFETY: allocated above with this layout and not registered.
+                unsafe { std::alloc::dealloc(buf.as_ptr(), layout) };
+                Err(err)
+            }
+        }
+    }
+
+    pub(super) fn lkey(&self) -> u32 {
+        // SAFETY: reading a plain field of a live MR.
+        unsafe { (*self.ptr.as_ptr()).lkey }
+    }
+
+    pub(super) fn rkey(&self) -> u32 {
+        // SAFETY: reading a plain field of a live MR.
+        unsafe { (*self.ptr.as_ptr()).rkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: deregister first so the device stops using the memory, then
+        // free it. Queue pairs that could still post from it are destroyed
+        // before their connection's regions (see dispatch::Conn).
+        unsafe {
+            ffi::ibv_dereg_mr(self.ptr.as_ptr());
+            std::alloc::dealloc(self.buf.as_ptr(), self.layout);
+        }
+    }
+}
+
+/// A reliable-connected queue pair on the context's CQs and SRQ.
+pub(super) struct Qp {
+    pub(super) ptr: NonNull<ffi::ibv_qp>,
+    pub(super) max_inline: u32,
+    pub(super) sq_depth: u32,
+    _pd: Arc<Pd>,
+    _cqs: (Arc<Cq>, Arc<Cq>),
+    _srq: Arc<Srq>,
+}
+
+// SAFETY: a QP may be used from any thread; posting needs `&mut VerbsQp`.
+unsafe impl Send for Qp {}
+
+impl Qp {
+    pub(super) fn new(
+        pd: Arc<Pd>,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        srq: Arc<Srq>,
+        sq_depth: u32,
+    ) -> Result<Qp, FabricError> {
+        let mut last = None;
+        // Ask for inline data; fall back to none if the device refuses.
+        for inline in [256u32, 64, 0] {
+            // SAFETY: plain old data; zero is valid.
+            let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            init.send_cq = send_cq.ptr.as_ptr();
+            init.recv_cq = recv_cq.ptr.as_ptr();
+            init.srq = srq.ptr.as_ptr();
+            init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+            init.cap.max_send_wr = sq_depth;
+            init.cap.max_send_sge = 1;
+            init.cap.max_inline_data = inline;
+            // SAFETY: every pointer in `init` is to a live object owned by an Arc we keep.
+            let ptr = unsafe { ffi::ibv_create_qp(pd.ptr.as_ptr(), &mut init) };
+            match NonNull::new(ptr) {
+                Some(ptr) => {
+                    return Ok(Qp {
+                        ptr,
+                        max_inline: init.cap.max_inline_data,
+                        sq_depth: init.cap.max_send_wr,
+                        _pd: pd,
+                        _cqs: (send_cq, recv_cq),
+                        _srq: srq,
+                    });
+                }
+                None => last = Some(os_error("ibv_create_qp")),
+            }
+        }
+        Err(last.expect("tried at least once"))
+    }
+
+    pub(super) fn qp_num(&self) -> u32 {
+        // SAFETY: reading a plain field of a live QP.
+        unsafe { (*self.ptr.as_ptr()).qp_num }
+    }
+
+    pub(super) fn modify(
+        &self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: u32,
+        op: &'static str,
+    ) -> Result<(), FabricError> {
+        // SAFETY: the QP is alive and `attr` is valid for the mask given.
+        let rc = unsafe { ffi::ibv_modify_qp(self.ptr.as_ptr(), attr, mask as i32) };
+        if rc != 0 {
+            return Err(rc_error(op, rc));
+        }
+        Ok(())
+    }
+
+    /// Posts one work request chain.
+    ///
+    /// # Safety
+    /// Every SGE must name memory registered under this QP's PD that stays
+    /// registered until the work request completes (or the QP is destroyed).
+    pub(super) unsafe fn post_send(
+        &mut self,
+        wr: &mut ffi::ibv_send_wr,
+    ) -> Result<(), FabricError> {
+        let qp = self.ptr.as_ptr();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: ibv_post_send is static inline: it calls the ops table
+        // entry, as here. The QP is alive; `wr` is valid for the call (verbs
+        // copies it); the caller upholds the SGE lifetime rule.
+        let rc = unsafe {
+            let post = (*(*qp).context).ops.post_send.ok_or_else(|| {
+                FabricError::invalid("ibv_post_send", "provider has no post_send")
+            })?;
+            post(qp, wr, &mut bad)
+        };
+        if rc != 0 {
+            return Err(rc_error("ibv_post_send", rc));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP is alive; destroying it stops all its DMA.
+        unsafe { ffi::ibv_destroy_qp(self.ptr.as_ptr()) };
+    }
+}
