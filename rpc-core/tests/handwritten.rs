@@ -157,3 +157,11 @@ fn mem() {
 fn tcp() {
     check("tcp://127.0.0.1:0");
 }
+
+/// Over real verbs; `scripts/test` runs it inside the Soft-RoCE guest.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_() {
+    let host = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
+    check(&format!("rdma://{host}:0"));
+}

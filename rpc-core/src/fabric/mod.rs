@@ -25,6 +25,9 @@ pub mod verbs;
 
 mod url;
 
+#[cfg(test)]
+pub(crate) mod conformance;
+
 pub use url::{FabricUrl, Scheme};
 
 use std::fmt;

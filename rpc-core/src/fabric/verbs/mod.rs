@@ -854,3 +854,6 @@ impl Fabric for VerbsFabric {
         self.finish(stream, qp, peer, Some(hello))
     }
 }
+
+#[cfg(test)]
+mod tests;

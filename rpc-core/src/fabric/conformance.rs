@@ -1,0 +1,294 @@
+//! Checks every fabric must pass: the verbs semantics the protocol relies
+//! on. `soft` runs them on `mem://` and `tcp://`; `verbs` on a real device.
+
+use super::*;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Receive ring size used by the checks.
+pub(crate) const RING: usize = 1 << 16;
+
+/// A server context, a client context, and one connection between them.
+pub(crate) struct Pair<F: Fabric> {
+    pub server: F,
+    pub client: F,
+    pub sqp: F::Qp,
+    pub cqp: F::Qp,
+    pub s_ring: F::Region,
+    pub c_ring: F::Region,
+    /// The client's view of the server's ring.
+    pub s_peer: PeerRing,
+    pub staging: F::Region,
+    pub listener: F::Listener,
+}
+
+/// Connects a new client context to `server` through `listener`.
+pub(crate) fn connect<F: Fabric>(
+    server: &F,
+    listener: &F::Listener,
+    client: &F,
+    ring: &F::Region,
+) -> (F::Qp, F::Qp, PeerRing) {
+    let url = FabricUrl::parse(&listener.local_url()).unwrap();
+    let s_ring = server.register(RING, true).unwrap();
+    let (s, c) = thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let inc = listener.next().unwrap().unwrap();
+            let local = LocalSetup {
+                ring: &s_ring,
+                max_message: 1024,
+                timeout: Duration::from_secs(10),
+            };
+            let mut c = server.accept(inc, local).unwrap();
+            c.qp.established().unwrap();
+            c
+        });
+        let local = LocalSetup {
+            ring,
+            max_message: 2048,
+            timeout: Duration::from_secs(10),
+        };
+        let c = client.connect(&url, local).unwrap();
+        (srv.join().unwrap(), c)
+    });
+    assert_eq!(s.peer.max_message, 2048, "server learns the client's limit");
+    assert_eq!(c.peer.max_message, 1024, "client learns the server's limit");
+    std::mem::forget(s_ring); // kept registered for the connection's life (test only)
+    (s.qp, c.qp, c.peer)
+}
+
+pub(crate) fn pair<F: Fabric>(server: F, client: F, url: &str) -> Pair<F> {
+    let listener = server.listen(&FabricUrl::parse(url).unwrap()).unwrap();
+    let url = FabricUrl::parse(&listener.local_url()).unwrap();
+    let s_ring = server.register(RING, true).unwrap();
+    let c_ring = client.register(RING, true).unwrap();
+    let staging = client.register(RING, false).unwrap();
+    let (sqp, c) = thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let inc = listener.next().unwrap().unwrap();
+            let local = LocalSetup {
+                ring: &s_ring,
+                max_message: 1024,
+                timeout: Duration::from_secs(10),
+            };
+            let mut c = server.accept(inc, local).unwrap();
+            c.qp.established().unwrap();
+            c
+        });
+        let local = LocalSetup {
+            ring: &c_ring,
+            max_message: 2048,
+            timeout: Duration::from_secs(10),
+        };
+        let c = client.connect(&url, local).unwrap();
+        (srv.join().unwrap(), c)
+    });
+    assert_eq!(
+        sqp.peer.max_message, 2048,
+        "server learns the client's limit"
+    );
+    assert_eq!(c.peer.max_message, 1024, "client learns the server's limit");
+    Pair {
+        server,
+        client,
+        sqp: sqp.qp,
+        cqp: c.qp,
+        s_ring,
+        c_ring,
+        s_peer: c.peer,
+        staging,
+        listener,
+    }
+}
+
+/// The next completion, waiting up to 20 s.
+pub(crate) fn wait_one<F: Fabric>(f: &F) -> Completion {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while f.poll(&mut out, 1) == 0 {
+        assert!(Instant::now() < deadline, "no completion");
+        f.wait(Some(Duration::from_millis(50)));
+    }
+    out[0]
+}
+
+/// The next completion that is not a successful send (signaled writes may interleave).
+pub(crate) fn next_not_send<F: Fabric>(f: &F) -> Completion {
+    loop {
+        let c = wait_one(f);
+        if !(c.kind == CompletionKind::Send && c.status == WcStatus::Success) {
+            return c;
+        }
+    }
+}
+
+pub(crate) fn write<'a, R>(
+    staging: &'a R,
+    peer: &PeerRing,
+    off: usize,
+    len: usize,
+    rkey: u32,
+    imm: u32,
+) -> WriteImm<'a, R> {
+    WriteImm {
+        wr_id: 42,
+        local: Some((staging, 0, len)),
+        remote_addr: peer.addr + off as u64,
+        rkey,
+        imm,
+        signaled: true,
+    }
+}
+
+/// A write-with-imm lands in the registered ring; the receive completion
+/// carries the immediate, the byte count and the receiving queue pair.
+pub(crate) fn write_with_imm_lands<F: Fabric>(mut p: Pair<F>) {
+    p.server.post_recv(2).unwrap();
+    p.staging.write(0, 5, |b| b.copy_from_slice(b"hello"));
+    p.cqp
+        .post_write_imm(&write(
+            &p.staging,
+            &p.s_peer,
+            128,
+            5,
+            p.s_peer.rkey,
+            0xC0FFEE,
+        ))
+        .unwrap();
+    let send = wait_one(&p.client);
+    assert_eq!(
+        send,
+        Completion {
+            wr_id: 42,
+            qp_num: p.cqp.qp_num(),
+            kind: CompletionKind::Send,
+            status: WcStatus::Success
+        }
+    );
+    let recv = wait_one(&p.server);
+    assert_eq!(
+        recv.kind,
+        CompletionKind::RecvImm {
+            imm: 0xC0FFEE,
+            byte_len: 5
+        }
+    );
+    assert_eq!(
+        (recv.qp_num, recv.status),
+        (p.sqp.qp_num(), WcStatus::Success)
+    );
+    assert_eq!(p.s_ring.read(128, 5, |b| b.to_vec()), b"hello");
+    // A zero-length write carries only the immediate.
+    let wr = WriteImm {
+        wr_id: 7,
+        local: None,
+        remote_addr: p.s_peer.addr,
+        rkey: p.s_peer.rkey,
+        imm: 9,
+        signaled: false,
+    };
+    p.cqp.post_write_imm(&wr).unwrap();
+    assert_eq!(
+        wait_one(&p.server).kind,
+        CompletionKind::RecvImm {
+            imm: 9,
+            byte_len: 0
+        }
+    );
+    // And the other direction, from the server's own staging.
+    p.client.post_recv(1).unwrap();
+    let local = p.server.register(4096, false).unwrap();
+    local.write(0, 16, |b| b.fill(0x5A));
+    let wr = WriteImm {
+        wr_id: 1,
+        local: Some((&local, 0, 16)),
+        remote_addr: p.c_ring.addr() + 64,
+        rkey: p.c_ring.rkey(),
+        imm: 3,
+        signaled: false,
+    };
+    p.sqp.post_write_imm(&wr).unwrap();
+    assert_eq!(
+        next_not_send(&p.client).kind,
+        CompletionKind::RecvImm {
+            imm: 3,
+            byte_len: 16
+        }
+    );
+    assert_eq!(p.c_ring.read(64, 16, |b| b.to_vec()), vec![0x5A; 16]);
+}
+
+/// A write the receiver must refuse (wrong rkey, out of bounds) is an error
+/// completion on the sender and touches nothing.
+pub(crate) fn bad_write_is_rejected<F: Fabric>(mut p: Pair<F>, bad: fn(&PeerRing) -> (u64, u32)) {
+    p.server.post_recv(1).unwrap();
+    p.s_ring.write(0, RING, |b| b.fill(0xAA));
+    p.staging.write(0, 64, |b| b.fill(0x55));
+    let (addr, rkey) = bad(&p.s_peer);
+    let wr = WriteImm {
+        wr_id: 5,
+        local: Some((&p.staging, 0, 64)),
+        remote_addr: addr,
+        rkey,
+        imm: 1,
+        signaled: true,
+    };
+    p.cqp.post_write_imm(&wr).unwrap();
+    let c = wait_one(&p.client);
+    assert_eq!((c.wr_id, c.status), (5, WcStatus::RemoteAccess));
+    assert!(
+        p.s_ring.read(0, RING, |b| b.iter().all(|&x| x == 0xAA)),
+        "nothing was touched"
+    );
+}
+
+pub(crate) fn wrong_rkey(p: &PeerRing) -> (u64, u32) {
+    (p.addr, p.rkey ^ 0x100)
+}
+
+pub(crate) fn past_the_end(p: &PeerRing) -> (u64, u32) {
+    (p.addr + RING as u64 - 32, p.rkey)
+}
+
+pub(crate) fn below_the_start(p: &PeerRing) -> (u64, u32) {
+    (p.addr - 64, p.rkey)
+}
+
+/// Every queue pair of a context consumes receives from its one shared
+/// receive queue: two connections are served by exactly two posted receives.
+pub(crate) fn connections_share_one_srq<F: Fabric>(p: Pair<F>, second_client: F) {
+    let ring2 = second_client.register(RING, true).unwrap();
+    let staging2 = second_client.register(RING, false).unwrap();
+    let (sqp2, mut cqp2, peer2) = connect(&p.server, &p.listener, &second_client, &ring2);
+    let mut cqp1 = p.cqp;
+    p.server.post_recv(2).unwrap();
+    p.staging.write(0, 8, |b| b.fill(1));
+    staging2.write(0, 8, |b| b.fill(2));
+    cqp1.post_write_imm(&write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 11))
+        .unwrap();
+    cqp2.post_write_imm(&write(&staging2, &peer2, 0, 8, peer2.rkey, 22))
+        .unwrap();
+    let mut got: Vec<(u32, u32)> = (0..2)
+        .map(|_| match next_not_send(&p.server) {
+            Completion {
+                qp_num,
+                kind: CompletionKind::RecvImm { imm, .. },
+                status: WcStatus::Success,
+                ..
+            } => (qp_num, imm),
+            other => panic!("unexpected completion {other:?}"),
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![(p.sqp.qp_num(), 11), (sqp2.qp_num(), 22)];
+    want.sort();
+    assert_eq!(got, want, "both queue pairs were served from the one SRQ");
+}
+
+/// Closing a queue pair is seen by the peer as an error completion.
+pub(crate) fn close_is_seen_by_the_peer<F: Fabric>(p: Pair<F>) {
+    let sqp_num = p.sqp.qp_num();
+    drop(p.cqp);
+    let c = next_not_send(&p.server);
+    assert_eq!((c.qp_num, c.status), (sqp_num, WcStatus::RetryExceeded));
+}
