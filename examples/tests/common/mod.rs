@@ -357,8 +357,20 @@ pub fn test_server(probe: &Arc<Probe>) -> ServerBuilder {
         .add_service(KvServer::new(KvStore::new()))
 }
 
+/// Sends the library's warnings and errors to the test's captured output,
+/// shown when a test fails (`RUST_LOG` overrides the level).
+pub fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "rpc_core=warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 /// Serves `builder` on `url`, failing the test if it cannot.
 pub fn serve(builder: ServerBuilder, url: &str) -> ServerHandle {
+    capture_logs();
     builder
         .serve(url)
         .unwrap_or_else(|e| panic!("serve on {url}: {e}"))
