@@ -14,7 +14,7 @@ use examples::kv::kv_server::KvServer;
 use examples::kv::{DeleteRequest, Entry, GetRequest, PutRequest, ScanRequest};
 use examples::services::{EchoService, KvStore};
 use futures::FutureExt;
-use rpc_core::protocol::HEADER_LEN;
+use rpc_core::protocol::{ALIGN, HEADER_LEN};
 use rpc_core::{Channel, Code, Request, Response, Server, Status, UnaryCall};
 use std::time::{Duration, Instant};
 
@@ -325,6 +325,10 @@ on_every_fabric! {
             request.metadata_mut().insert_bin(k, v.to_vec()).unwrap();
         }
         expect_code(echo.echo(request).wait(), Code::ResourceExhausted);
+        // Metadata has a limit of its own, whatever the ring.
+        let mut request = Request::new(EchoRequest::default());
+        request.metadata_mut().insert_bin("big", vec![0; 70_000]).unwrap();
+        expect_code(echo.echo(request).wait(), Code::InvalidArgument);
         // The channel is unharmed.
         check_echo(&echo, payload(10), &[]);
         drop(echo);
@@ -384,6 +388,165 @@ on_every_fabric! {
         assert_eq!(reply.into_inner().payload, b"ok");
         server.shutdown();
     }
+}
+
+on_every_fabric! {
+    fn small_rings_wrap_under_concurrent_load(url: &str) {
+        // Both rings at the minimum: frames of every size up to the largest
+        // wrap around constantly, in both directions, with several calls in
+        // flight per thread.
+        let ring = 4096;
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).ring_size(ring).workers(2), url);
+        let ch = Channel::builder(server.local_url())
+            .ring_size(ring)
+            .timeout(LIMIT)
+            .connect()
+            .unwrap();
+        std::thread::scope(|s| {
+            for w in 0..3u64 {
+                let echo = EchoClient::new(ch.clone());
+                s.spawn(move || {
+                    for batch in 0..40u64 {
+                        let calls: Vec<_> = (0..3)
+                            .map(|j| {
+                                let i = batch * 3 + j;
+                                let tag = format!("w{w}-c{i:03}");
+                                let md_len = metadata_len(&[("tag", &tag)]);
+                                let largest = largest_payload(ring / 2 - HEADER_LEN, md_len);
+                                // Mostly random sizes, often the largest.
+                                let len = match pattern(1, w << 32 | i)[0] % 4 {
+                                    0 => largest,
+                                    _ => pattern(2, i << 8 | w)
+                                        .iter()
+                                        .fold(0usize, |a, &b| a << 8 | b as usize)
+                                        % (largest + 1),
+                                };
+                                let payload = pattern(len, i);
+                                let call = echo.echo(echo_request(&tag, payload.clone(), &[]));
+                                (tag, payload, call)
+                            })
+                            .collect();
+                        for (tag, payload, call) in calls {
+                            check_reply(&tag, &payload, call.wait());
+                        }
+                    }
+                });
+            }
+        });
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn requests_cross_a_small_ring_while_no_reply_flows(url: &str) {
+        // Every handler blocks, so nothing flows back to carry credits: the
+        // server must return them on its own, also when the next frame has
+        // to wrap around the ring. Frame sizes (header included) on a 4 KiB
+        // ring: after 1984 + 128 bytes, a 2048-byte frame must skip the last
+        // 1984 bytes, which needs the 128 back too, though they are far less
+        // than the quarter of the ring that prompts a credit otherwise.
+        let ring = 4096;
+        let frames = [1984, 128, 2048, 100, 2000, 1000, 640, 2048, 64, 1990, 2048, 300];
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).ring_size(ring).workers(frames.len()), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        let calls: Vec<_> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, &frame)| {
+                let tag = format!("c{i:02}");
+                let md_len = metadata_len(&[("tag", &tag), ("block", "")]);
+                let len = largest_payload(frame - HEADER_LEN, md_len);
+                assert!(HEADER_LEN + md_len + echo_encoded_len(len) > frame - ALIGN);
+                let payload = pattern(len, i as u64);
+                let call = echo.echo(echo_request(&tag, payload.clone(), &[("block", "")]));
+                // One frame per server batch: each is consumed (and any
+                // credit decided) before the next is sent.
+                probe.wait_entered(&tag);
+                (tag, payload, call)
+            })
+            .collect();
+        probe.gate.open();
+        for (tag, payload, call) in calls {
+            check_reply(&tag, &payload, call.wait());
+        }
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn many_clients_share_one_server(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).workers(2), url);
+        let local = server.local_url().to_owned();
+        std::thread::scope(|s| {
+            for c in 0..12u64 {
+                let local = local.clone();
+                s.spawn(move || {
+                    let echo = EchoClient::new(channel(&local));
+                    for i in 0..30 {
+                        let (tag, payload) = call_input(c, i);
+                        check_reply(&tag, &payload, echo.echo(echo_request(&tag, payload.clone(), &[])).wait());
+                    }
+                });
+            }
+        });
+        server.shutdown();
+    }
+}
+
+#[test]
+fn connection_failures_are_reported() {
+    watchdog(|| {
+        // Nobody serves this name or port.
+        let e = Channel::connect("mem://suite.nobody-here").unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let e = Channel::builder(&format!("tcp://127.0.0.1:{port}"))
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        // Not a URL, or not a valid ring.
+        for url in [
+            "nonsense",
+            "ftp://x:1",
+            "tcp://127.0.0.1",
+            "tcp://127.0.0.1:99999",
+            "mem://",
+        ] {
+            let e = Channel::connect(url).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{url}: {e}");
+        }
+        for size in [1000, 5000, 2048] {
+            let e = Channel::builder("mem://suite.anything")
+                .ring_size(size)
+                .connect()
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "ring of {size}: {e}");
+        }
+        let e = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .serve("mem://")
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        // One mem:// name, one server.
+        let server = serve(
+            Server::builder().add_service(EchoServer::new(EchoService)),
+            "mem://suite.taken",
+        );
+        let e = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .serve("mem://suite.taken")
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        server.shutdown();
+    });
 }
 
 /// Whether `call` has completed, without waiting.
@@ -460,14 +623,26 @@ on_every_fabric! {
         probe.wait_entered("slow");
         assert_eq!(ch.stale_responses(), 0);
 
+        // A call queued behind the blocked worker expires on both sides: the
+        // server drops it without running the handler once its own deadline
+        // (counted from arrival) has passed too.
+        let mut request = echo_request("doomed", Vec::new(), &[]);
+        request.set_timeout(Duration::from_millis(100));
+        let sent = Instant::now();
+        expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
+        // The request reached the server within a few ms of being sent; give
+        // its server-side deadline ample time to pass as well.
+        std::thread::sleep((sent + Duration::from_millis(400)).saturating_duration_since(Instant::now()));
+
         // The handler finishes late; the channel keeps working. The next
-        // reply is sent after the late one, so by the time it arrives the
-        // late one was received and dropped.
+        // reply is sent after the late ones, so by the time it arrives the
+        // late ones were received and dropped.
         probe.gate.open();
         let reply = echo.echo(echo_request("next", b"on time".to_vec(), &[])).wait().unwrap();
         assert_eq!(reply.metadata().get("tag"), Some("next"));
         assert_eq!(reply.into_inner().payload, b"on time");
-        assert_eq!(ch.stale_responses(), 1, "the late reply was not counted");
+        assert_eq!(ch.stale_responses(), 2, "late replies were not counted");
+        assert_eq!(probe.seen().entered, ["slow", "next"], "an expired call was run");
 
         // A channel's default timeout applies to every call...
         let short = EchoClient::new(

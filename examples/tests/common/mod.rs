@@ -259,9 +259,12 @@ impl Probe {
             .changed
             .wait_timeout_while(seen, LIMIT, |s| !done(s))
             .unwrap();
+        let snapshot = format!("{:?}", *seen);
+        // Fail without holding the lock: the handlers still need it.
+        drop(seen);
         assert!(
             !timeout.timed_out(),
-            "timed out waiting for {what}; seen {seen:?}"
+            "timed out waiting for {what}; seen {snapshot}"
         );
     }
 
