@@ -416,3 +416,133 @@ on_soft_fabrics! {
         bounded("shutdown", move || server.shutdown());
     }
 }
+
+/// A TCP connection to a `tcp://` server that speaks the soft fabric's wire
+/// protocol by hand (see `rpc_core::fabric::soft`): the handshake, then
+/// `WRITE` messages.
+mod tcp_wire {
+    use super::*;
+    use rpc_core::bootstrap::{HELLO_LEN, Hello, HelloFabric};
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::TcpStream;
+
+    /// A served echo server, a good client of it, and a raw socket to it.
+    fn setup() -> (ServerHandle, EchoClient, TcpStream) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), TCP_ANY);
+        let good = EchoClient::new(channel(server.local_url()));
+        check(&good);
+        let url = FabricUrl::parse(server.local_url()).unwrap();
+        let stream = TcpStream::connect(url.socket_addr()).unwrap();
+        stream.set_read_timeout(Some(LIMIT)).unwrap();
+        (server, good, stream)
+    }
+
+    fn hello(ring_len: u64) -> [u8; HELLO_LEN] {
+        Hello {
+            fabric: HelloFabric::Tcp,
+            qp_num: 1,
+            psn: 0,
+            lid: 0,
+            gid: [0; 16],
+            ring: PeerRing {
+                addr: 0x1000,
+                len: ring_len,
+                rkey: 1,
+                max_message: 1024,
+            },
+        }
+        .encode()
+    }
+
+    /// Reads until the server closes the socket; returns what it sent.
+    fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        match stream.read_to_end(&mut got) {
+            Ok(_) => got,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => got,
+            Err(e) => panic!("the server did not close the connection: {e}"),
+        }
+    }
+
+    /// Completes the handshake with a valid hello.
+    fn handshake(stream: &mut TcpStream) {
+        stream.write_all(&hello(RAW_RING as u64)).unwrap();
+        let mut reply = [0; HELLO_LEN];
+        stream.read_exact(&mut reply).expect("the server's hello");
+        Hello::decode(&reply, HelloFabric::Tcp).expect("a valid hello");
+    }
+
+    fn finish(server: ServerHandle, good: EchoClient) {
+        check(&good);
+        check(&EchoClient::new(channel(server.local_url())));
+        bounded("shutdown", move || server.shutdown());
+    }
+
+    #[test]
+    fn silent_peer_does_not_block_other_connections() {
+        watchdog(|| {
+            let (server, good, stream) = setup();
+            // Connected, saying nothing: others still connect and are served.
+            finish(server, good);
+            drop(stream);
+        });
+    }
+
+    #[test]
+    fn garbage_hello_is_refused() {
+        watchdog(|| {
+            let (server, good, mut stream) = setup();
+            stream.write_all(&[0x5a; HELLO_LEN]).unwrap();
+            assert!(read_until_closed(&mut stream).is_empty());
+            finish(server, good);
+        });
+    }
+
+    #[test]
+    fn hello_with_a_huge_ring_is_refused() {
+        watchdog(|| {
+            // A valid 16 GiB ring: the server must refuse to mirror it
+            // rather than allocate that much for a stranger.
+            let (server, good, mut stream) = setup();
+            stream.write_all(&hello(1 << 34)).unwrap();
+            assert!(read_until_closed(&mut stream).is_empty());
+            finish(server, good);
+        });
+    }
+
+    #[test]
+    fn unknown_wire_message_closes_the_connection() {
+        watchdog(|| {
+            let (server, good, mut stream) = setup();
+            handshake(&mut stream);
+            stream.write_all(&[0x99; 32]).unwrap();
+            read_until_closed(&mut stream);
+            finish(server, good);
+        });
+    }
+
+    #[test]
+    fn write_with_a_bad_rkey_is_refused() {
+        watchdog(|| {
+            let (server, good, mut stream) = setup();
+            handshake(&mut stream);
+            // WRITE: tag, wr_id, remote_addr, rkey, imm, len, data.
+            let mut write = vec![1u8];
+            write.extend_from_slice(&7u64.to_le_bytes());
+            write.extend_from_slice(&0x1000u64.to_le_bytes());
+            write.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+            write.extend_from_slice(&0u32.to_le_bytes());
+            write.extend_from_slice(&4u32.to_le_bytes());
+            write.extend_from_slice(&[1, 2, 3, 4]);
+            stream.write_all(&write).unwrap();
+            // NAK: tag 2, the write's wr_id, status 1 (remote access).
+            let got = read_until_closed(&mut stream);
+            let mut nak = vec![2u8];
+            nak.extend_from_slice(&7u64.to_le_bytes());
+            nak.push(1);
+            assert_eq!(got, nak);
+            finish(server, good);
+        });
+    }
+}

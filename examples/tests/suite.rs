@@ -467,7 +467,7 @@ on_every_fabric! {
                 (tag, payload, call)
             })
             .collect();
-        probe.gate.open();
+        probe.open_gate("");
         for (tag, payload, call) in calls {
             check_reply(&tag, &payload, call.wait());
         }
@@ -580,22 +580,31 @@ on_every_fabric! {
         request.set_fail_fast(true);
         let e = expect_code(echo.echo(request).wait(), Code::ResourceExhausted);
         assert!(e.message().contains("full"), "{e}");
+        // A deadline still applies to a call that could not be sent yet.
+        let mut request = echo_request("expiring", Vec::new(), &[]);
+        request.set_timeout(Duration::from_millis(100));
+        expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
         // ...while the queued calls neither failed nor completed.
         for (tag, _, call) in &mut calls {
             assert!(!is_done(call), "{tag} completed while the server was blocked");
         }
         assert_eq!(probe.seen().entered, ["blocker"]);
 
-        probe.gate.open();
+        probe.open_gate("");
         assert_eq!(first.wait().unwrap().into_inner().payload, b"first");
         for (tag, payload, call) in calls {
             check_reply(&tag, &payload, call.wait());
         }
-        // The server saw every call once, in the order they were issued.
+        // The server saw every call once, in the order they were issued
+        // (the expired one may or may not have been sent after them).
         let expected: Vec<String> = std::iter::once("blocker".to_owned())
             .chain((0..n).map(|i| format!("queued-{i}")))
             .collect();
-        assert_eq!(probe.seen().entered, expected);
+        let mut entered = probe.seen().entered.clone();
+        if entered.last().is_some_and(|t| t == "expiring") {
+            entered.pop();
+        }
+        assert_eq!(entered, expected);
         // With room again, fail-fast calls go through.
         let mut request = echo_request("fast", b"x".to_vec(), &[]);
         request.set_fail_fast(true);
@@ -637,7 +646,7 @@ on_every_fabric! {
         // The handler finishes late; the channel keeps working. The next
         // reply is sent after the late ones, so by the time it arrives the
         // late ones were received and dropped.
-        probe.gate.open();
+        probe.open_gate("");
         let reply = echo.echo(echo_request("next", b"on time".to_vec(), &[])).wait().unwrap();
         assert_eq!(reply.metadata().get("tag"), Some("next"));
         assert_eq!(reply.into_inner().payload, b"on time");
@@ -705,7 +714,7 @@ on_every_fabric! {
         assert!(!shutdown.is_finished(), "shutdown returned with calls running");
 
         // The running calls complete normally, then shutdown returns.
-        probe.gate.open();
+        probe.open_gate("");
         for (tag, payload, call) in running {
             check_reply(&tag, &payload, call.wait());
         }
@@ -737,7 +746,7 @@ on_every_fabric! {
         assert!(started.elapsed() >= Duration::from_millis(300));
         // The call still running when the grace period ended is cut off.
         expect_code(stuck.wait(), Code::Unavailable);
-        probe.gate.open();
+        probe.open_gate("");
     }
 }
 
@@ -783,13 +792,27 @@ on_every_fabric! {
         let reply = other.echo(echo_request("during", b"d".to_vec(), &[])).wait().unwrap();
         assert_eq!(reply.into_inner().payload, b"d");
         // ...and after the handler answers into the closed connection.
-        probe.gate.open();
+        probe.open_gate("");
         probe.wait_finished("orphan");
         let reply = other.echo(echo_request("after", b"a".to_vec(), &[])).wait().unwrap();
         assert_eq!(reply.into_inner().payload, b"a");
         let newcomer = EchoClient::new(channel(server.local_url()));
         let reply = newcomer.echo(echo_request("new", b"n".to_vec(), &[])).wait().unwrap();
         assert_eq!(reply.into_inner().payload, b"n");
+
+        // A thread still waiting on a call when the last handle of its
+        // channel goes away gets Unavailable rather than waiting forever.
+        let leaving = EchoClient::new(channel(server.local_url()));
+        let call = leaving.echo(echo_request("abandoned", Vec::new(), &[("block", "abandoned")]));
+        let waiter = std::thread::spawn(move || call.wait());
+        probe.wait_entered("abandoned");
+        drop(leaving);
+        let result = bounded("the abandoned call", move || waiter.join().unwrap());
+        expect_code(result, Code::Unavailable);
+        probe.open_gate("abandoned");
+        probe.wait_finished("abandoned");
+        let reply = other.echo(echo_request("last", b"l".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, b"l");
         bounded("shutdown", move || server.shutdown());
     }
 }

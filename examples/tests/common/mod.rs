@@ -13,6 +13,7 @@ use rpc_core::{
     Channel, Code, Request, Response, Server, ServerBuilder, ServerCall, ServerHandle, Service,
     Status,
 };
+use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -189,30 +190,30 @@ pub fn expect_code<T: std::fmt::Debug>(result: Result<T, Status>, code: Code) ->
     }
 }
 
-/// A door that handlers wait at until the test opens it. Waits are bounded
-/// by [`LIMIT`]; a handler that times out answers `Aborted`, which fails
-/// whatever test expected it to be released.
+/// Doors, by name, that handlers wait at until the test opens them. Waits
+/// are bounded by [`LIMIT`]; a handler that times out answers `Aborted`,
+/// which fails whatever test expected it to be released.
 #[derive(Debug, Default)]
-pub struct Gate {
-    open: Mutex<bool>,
+pub struct Gates {
+    open: Mutex<HashSet<String>>,
     cond: Condvar,
 }
 
-impl Gate {
-    /// Opens the gate for every waiter, now and later.
-    pub fn open(&self) {
-        *self.open.lock().unwrap() = true;
+impl Gates {
+    /// Opens gate `name` for every waiter, now and later.
+    pub fn open(&self, name: &str) {
+        self.open.lock().unwrap().insert(name.to_owned());
         self.cond.notify_all();
     }
 
-    /// Waits until the gate opens; false if [`LIMIT`] passed first.
-    pub fn wait(&self) -> bool {
+    /// Waits until gate `name` opens; false if [`LIMIT`] passed first.
+    pub fn wait(&self, name: &str) -> bool {
         let open = self.open.lock().unwrap();
         let (open, _) = self
             .cond
-            .wait_timeout_while(open, LIMIT, |open| !*open)
+            .wait_timeout_while(open, LIMIT, |open| !open.contains(name))
             .unwrap();
-        *open
+        open.contains(name)
     }
 }
 
@@ -230,7 +231,7 @@ pub struct Seen {
 /// a record of what ran, with bounded waits on it.
 #[derive(Debug, Default)]
 pub struct Probe {
-    pub gate: Gate,
+    gates: Gates,
     seen: Mutex<Seen>,
     changed: Condvar,
 }
@@ -244,6 +245,11 @@ impl Probe {
     fn update(&self, f: impl FnOnce(&mut Seen)) {
         f(&mut self.seen.lock().unwrap());
         self.changed.notify_all();
+    }
+
+    /// Releases the handlers waiting at gate `name` (see [`TestEcho`]).
+    pub fn open_gate(&self, name: &str) {
+        self.gates.open(name);
     }
 
     /// A snapshot of what was seen so far.
@@ -289,7 +295,7 @@ impl Probe {
 /// metadata:
 ///
 /// - `tag`: recorded in [`Seen`] (and echoed like all metadata);
-/// - `block`: wait at the probe's gate before answering;
+/// - `block`: wait until the test opens the gate named by the value;
 /// - `sleep-ms`: sleep that long before answering;
 /// - `panic`: panic with the value as message;
 /// - `reply-len`: answer a payload of that many bytes and no metadata,
@@ -307,8 +313,12 @@ impl Echo for TestEcho {
         let md = request.metadata();
         let tag = md.get("tag").unwrap_or_default().to_owned();
         self.probe.update(|s| s.entered.push(tag.clone()));
-        if md.get("block").is_some() && !self.probe.gate.wait() {
-            return Err(Status::aborted(format!("{tag}: the gate never opened")));
+        if let Some(gate) = md.get("block") {
+            if !self.probe.gates.wait(gate) {
+                return Err(Status::aborted(format!(
+                    "{tag}: gate {gate:?} never opened"
+                )));
+            }
         }
         if let Some(ms) = md.get("sleep-ms") {
             std::thread::sleep(Duration::from_millis(ms.parse().expect("sleep-ms")));
