@@ -209,14 +209,14 @@ impl Channel {
 impl<F: Fabric> Client<F> {
     fn connect(fabric: F, url: &FabricUrl, config: Config) -> Result<Client<F>, Status> {
         let ep = Endpoint::new(fabric, config, ClientRole::default())?;
-        let (ring, staging) = ep.register_rings()?;
+        let ring = ep.register_ring()?;
         let local = LocalSetup {
             ring: &ring,
             max_message: ep.config.max_message as u32,
             timeout: ep.config.connect_timeout,
         };
         let connected = ep.fabric.connect(url, local)?;
-        let conn = ep.add(connected, ring, staging)?;
+        let conn = ep.add(connected, ring)?;
         tracing::debug!(%url, qp_num = conn.qp_num, "connected");
         let runner = ep.clone();
         let poller = std::thread::Builder::new()

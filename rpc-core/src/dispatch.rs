@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 pub(crate) const SIGNAL_EVERY: usize = 16;
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 64;
+/// Largest peer receive ring accepted (unless the local ring is larger):
+/// each connection stages its outgoing frames in a mirror of the peer's ring.
+const MAX_PEER_RING: usize = 64 << 20;
 
 /// Tunables shared by clients and servers.
 #[derive(Debug, Clone)]
@@ -113,19 +116,28 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         }))
     }
 
-    /// Registers the rings of a new connection.
-    pub(crate) fn register_rings(&self) -> Result<(F::Region, F::Region), Status> {
-        let ring = self.fabric.register(self.config.ring_size, true)?;
-        Ok((ring, self.fabric.register(self.config.ring_size, false)?))
+    /// Registers the receive ring of a new connection.
+    pub(crate) fn register_ring(&self) -> Result<F::Region, Status> {
+        Ok(self.fabric.register(self.config.ring_size, true)?)
     }
 
     /// Adds a connected queue pair; from now on its completions are dispatched.
-    pub(crate) fn add(
-        &self,
-        c: Connected<F::Qp>,
-        recv: F::Region,
-        staging: F::Region,
-    ) -> Result<Arc<Conn<F>>, Status> {
+    ///
+    /// Frames are staged at the offset they will take in the peer's ring, so
+    /// the staging area mirrors the peer's ring, whose size the peer chose:
+    /// it is registered here, once that size is known.
+    pub(crate) fn add(&self, c: Connected<F::Qp>, recv: F::Region) -> Result<Arc<Conn<F>>, Status> {
+        let limit = MAX_PEER_RING.max(self.config.ring_size);
+        let peer_cap = usize::try_from(c.peer.len)
+            .ok()
+            .filter(|&len| len <= limit)
+            .ok_or_else(|| {
+                Status::resource_exhausted(format!(
+                    "peer ring of {} bytes is larger than the {limit} bytes this side stages",
+                    c.peer.len
+                ))
+            })?;
+        let staging = self.fabric.register(peer_cap, false)?;
         let conn = Arc::new(Conn::new(c, recv, staging, self.config.max_backlog)?);
         self.conns
             .write()

@@ -411,14 +411,14 @@ fn accept_loop<F: Fabric>(ep: Arc<Endpoint<F, ServerRole>>, listener: Arc<F::Lis
 }
 
 fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> Result<(), Status> {
-    let (ring, staging) = ep.register_rings()?;
+    let ring = ep.register_ring()?;
     let local = LocalSetup {
         ring: &ring,
         max_message: ep.config.max_message as u32,
         timeout: ep.config.connect_timeout,
     };
     let connected = ep.fabric.accept(incoming, local)?;
-    let conn = ep.add(connected, ring, staging)?;
+    let conn = ep.add(connected, ring)?;
     if let Err(status) = conn.established() {
         ep.close(&conn, "handshake failed");
         return Err(status);

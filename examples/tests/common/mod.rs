@@ -1,0 +1,443 @@
+//! Shared pieces of the integration suites: which fabrics a test runs on, a
+//! test-only echo service whose handlers can sleep, block, panic or answer
+//! with a chosen size, and bounded waits so that no test can hang.
+
+#![allow(dead_code, unused_macros)]
+
+use examples::echo::echo_server::{Echo, EchoServer};
+use examples::echo::{EchoReply, EchoRequest};
+use examples::kv::kv_server::KvServer;
+use examples::services::KvStore;
+use rpc_core::codegen::{ServiceDescriptor, prost::Message};
+use rpc_core::{
+    Channel, Code, Request, Response, Server, ServerBuilder, ServerCall, ServerHandle, Service,
+    Status,
+};
+use std::collections::HashSet;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The bound on any single wait in a test: long enough never to fire on a
+/// slow machine, short enough that a hang fails the test instead of the run.
+pub const LIMIT: Duration = Duration::from_secs(20);
+
+/// Where a `tcp://` server listens: loopback, a port the OS picks.
+pub const TCP_ANY: &str = "tcp://127.0.0.1:0";
+
+/// Name of the variable that adds `rdma://` to every fabric list: the URL a
+/// test server listens on, e.g. `rdma://192.168.122.10:0`. `examples/build.rs`
+/// turns it into `cfg(rpc_test_rdma)`, so the rdma tests exist only when it
+/// is set.
+pub const RDMA_URL_VAR: &str = "RPC_TEST_RDMA_URL";
+
+/// The `rdma://` URL test servers listen on.
+pub fn rdma_url() -> String {
+    std::env::var(RDMA_URL_VAR)
+        .unwrap_or_else(|_| panic!("{RDMA_URL_VAR} must be set for the rdma tests"))
+}
+
+/// A `mem://` URL unique to the test at `path` (a module path).
+pub fn mem_url(path: &str) -> String {
+    format!("mem://{}", path.replace("::", "."))
+}
+
+/// Runs `body` once per fabric: a module named after the test with one
+/// `#[test]` per fabric (`mem`, `tcp`, and `rdma` when [`RDMA_URL_VAR`] is
+/// set). The body gets the URL to serve on and runs under a watchdog.
+/// Adding a fabric is one line here.
+macro_rules! on_every_fabric {
+    ($(#[$meta:meta])* fn $name:ident($url:ident: &str) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn run($url: &str) $body
+
+            $(#[$meta])*
+            #[test]
+            fn mem() {
+                let url = $crate::common::mem_url(module_path!());
+                $crate::common::watchdog(move || run(&url));
+            }
+
+            $(#[$meta])*
+            #[test]
+            fn tcp() {
+                $crate::common::watchdog(|| run($crate::common::TCP_ANY));
+            }
+
+            $(#[$meta])*
+            #[cfg(rpc_test_rdma)]
+            #[test]
+            fn rdma() {
+                let url = $crate::common::rdma_url();
+                $crate::common::watchdog(move || run(&url));
+            }
+        }
+    };
+}
+
+/// Like [`on_every_fabric`], for fabrics that reach other processes (no `mem`).
+macro_rules! on_network_fabrics {
+    ($(#[$meta:meta])* fn $name:ident($url:ident: &str) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn run($url: &str) $body
+
+            $(#[$meta])*
+            #[test]
+            fn tcp() {
+                $crate::common::watchdog(|| run($crate::common::TCP_ANY));
+            }
+
+            $(#[$meta])*
+            #[cfg(rpc_test_rdma)]
+            #[test]
+            fn rdma() {
+                let url = $crate::common::rdma_url();
+                $crate::common::watchdog(move || run(&url));
+            }
+        }
+    };
+}
+
+/// Like [`on_every_fabric`], for tests that drive the software fabric's
+/// public API directly (`mem` and `tcp` only).
+macro_rules! on_soft_fabrics {
+    ($(#[$meta:meta])* fn $name:ident($url:ident: &str) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn run($url: &str) $body
+
+            $(#[$meta])*
+            #[test]
+            fn mem() {
+                let url = $crate::common::mem_url(module_path!());
+                $crate::common::watchdog(move || run(&url));
+            }
+
+            $(#[$meta])*
+            #[test]
+            fn tcp() {
+                $crate::common::watchdog(|| run($crate::common::TCP_ANY));
+            }
+        }
+    };
+}
+
+/// How long a whole test may take.
+pub const TEST_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs a test body on its own thread and fails if it takes longer than
+/// [`TEST_LIMIT`]; a panic in the body fails the test as usual.
+pub fn watchdog(body: impl FnOnce() + Send + 'static) {
+    within(TEST_LIMIT, "the test", body)
+}
+
+/// Runs `f` on a new thread and returns its result, or fails the test if it
+/// has not finished within `limit`.
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(what.to_owned())
+        .spawn(move || {
+            let _ = tx.send(catch_unwind(AssertUnwindSafe(f)));
+        })
+        .expect("spawn a thread");
+    match rx.recv_timeout(limit) {
+        Ok(Ok(value)) => {
+            let _ = thread.join();
+            value
+        }
+        Ok(Err(panic)) => resume_unwind(panic),
+        Err(_) => panic!("{what} did not finish within {limit:?}"),
+    }
+}
+
+/// Waits for a call (or anything) with the [`LIMIT`] bound.
+pub fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    within(LIMIT, what, f)
+}
+
+/// A channel whose calls time out after [`LIMIT`] unless they say otherwise,
+/// so a lost response fails the test instead of hanging it.
+pub fn channel(url: &str) -> Channel {
+    Channel::builder(url)
+        .timeout(LIMIT)
+        .connect()
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+/// Asserts that `result` failed with `code`, and returns the status.
+#[track_caller]
+pub fn expect_code<T: std::fmt::Debug>(result: Result<T, Status>, code: Code) -> Status {
+    match result {
+        Ok(v) => panic!("expected {code:?}, got a success: {v:?}"),
+        Err(status) => {
+            assert_eq!(status.code(), code, "unexpected status: {status}");
+            status
+        }
+    }
+}
+
+/// Doors, by name, that handlers wait at until the test opens them. Waits
+/// are bounded by [`LIMIT`]; a handler that times out answers `Aborted`,
+/// which fails whatever test expected it to be released.
+#[derive(Debug, Default)]
+pub struct Gates {
+    open: Mutex<HashSet<String>>,
+    cond: Condvar,
+}
+
+impl Gates {
+    /// Opens gate `name` for every waiter, now and later.
+    pub fn open(&self, name: &str) {
+        self.open.lock().unwrap().insert(name.to_owned());
+        self.cond.notify_all();
+    }
+
+    /// Waits until gate `name` opens; false if [`LIMIT`] passed first.
+    pub fn wait(&self, name: &str) -> bool {
+        let open = self.open.lock().unwrap();
+        let (open, _) = self
+            .cond
+            .wait_timeout_while(open, LIMIT, |open| !open.contains(name))
+            .unwrap();
+        open.contains(name)
+    }
+}
+
+/// What the test service saw, shared with the test.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// `tag` metadata of calls whose handler started, in order.
+    pub entered: Vec<String>,
+    /// `tag` metadata of calls fully done (handler ran and the reply was
+    /// sent or failed), in order.
+    pub finished: Vec<String>,
+}
+
+/// The test's view into the test service: a gate for blocking handlers and
+/// a record of what ran, with bounded waits on it.
+#[derive(Debug, Default)]
+pub struct Probe {
+    gates: Gates,
+    seen: Mutex<Seen>,
+    changed: Condvar,
+}
+
+impl Probe {
+    /// A new probe, shared.
+    pub fn new() -> Arc<Probe> {
+        Arc::new(Probe::default())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Seen)) {
+        f(&mut self.seen.lock().unwrap());
+        self.changed.notify_all();
+    }
+
+    /// Releases the handlers waiting at gate `name` (see [`TestEcho`]).
+    pub fn open_gate(&self, name: &str) {
+        self.gates.open(name);
+    }
+
+    /// A snapshot of what was seen so far.
+    pub fn seen(&self) -> MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap()
+    }
+
+    /// Waits until `done` holds, failing the test after [`LIMIT`].
+    #[track_caller]
+    pub fn wait_for(&self, what: &str, done: impl Fn(&Seen) -> bool) {
+        let seen = self.seen.lock().unwrap();
+        let (seen, timeout) = self
+            .changed
+            .wait_timeout_while(seen, LIMIT, |s| !done(s))
+            .unwrap();
+        let snapshot = format!("{:?}", *seen);
+        // Fail without holding the lock: the handlers still need it.
+        drop(seen);
+        assert!(
+            !timeout.timed_out(),
+            "timed out waiting for {what}; seen {snapshot}"
+        );
+    }
+
+    /// Waits until the handler of the call tagged `tag` has started.
+    #[track_caller]
+    pub fn wait_entered(&self, tag: &str) {
+        self.wait_for(&format!("handler {tag:?} to start"), |s| {
+            s.entered.iter().any(|t| t == tag)
+        });
+    }
+
+    /// Waits until the call tagged `tag` is done, reply included.
+    #[track_caller]
+    pub fn wait_finished(&self, tag: &str) {
+        self.wait_for(&format!("call {tag:?} to finish"), |s| {
+            s.finished.iter().any(|t| t == tag)
+        });
+    }
+}
+
+/// An `echo.Echo` implementation for fault tests, steered by request
+/// metadata:
+///
+/// - `tag`: recorded in [`Seen`] (and echoed like all metadata);
+/// - `block`: wait until the test opens the gate named by the value;
+/// - `sleep-ms`: sleep that long before answering;
+/// - `panic`: panic with the value as message;
+/// - `reply-len`: answer a payload of that many bytes and no metadata,
+///   instead of the echo.
+///
+/// Without any of these it echoes payload and metadata, like
+/// [`examples::services::EchoService`].
+#[derive(Debug, Clone)]
+pub struct TestEcho {
+    probe: Arc<Probe>,
+}
+
+impl Echo for TestEcho {
+    fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let md = request.metadata();
+        let tag = md.get("tag").unwrap_or_default().to_owned();
+        self.probe.update(|s| s.entered.push(tag.clone()));
+        if let Some(gate) = md.get("block") {
+            if !self.probe.gates.wait(gate) {
+                return Err(Status::aborted(format!(
+                    "{tag}: gate {gate:?} never opened"
+                )));
+            }
+        }
+        if let Some(ms) = md.get("sleep-ms") {
+            std::thread::sleep(Duration::from_millis(ms.parse().expect("sleep-ms")));
+        }
+        if let Some(message) = md.get("panic") {
+            panic!("{message}");
+        }
+        if let Some(len) = md.get("reply-len") {
+            let len: usize = len.parse().expect("reply-len");
+            return Ok(Response::new(EchoReply {
+                payload: pattern(len, 7),
+            }));
+        }
+        let metadata = md.clone();
+        let payload = request.into_inner().payload;
+        Ok(Response::from_parts(metadata, EchoReply { payload }))
+    }
+}
+
+/// Wraps a service to record, in the probe, each call once it is fully
+/// handled (the reply sent or its failure handled).
+struct Tracked<S> {
+    inner: S,
+    probe: Arc<Probe>,
+}
+
+impl<S: Service> Service for Tracked<S> {
+    fn descriptor(&self) -> &'static ServiceDescriptor {
+        self.inner.descriptor()
+    }
+
+    fn call(&self, call: ServerCall) {
+        let tag = call.metadata().get("tag").unwrap_or_default().to_owned();
+        self.inner.call(call);
+        self.probe.update(|s| s.finished.push(tag));
+    }
+}
+
+/// A server builder hosting [`TestEcho`] (tracked by `probe`) and a fresh
+/// [`KvStore`], ready for more settings.
+pub fn test_server(probe: &Arc<Probe>) -> ServerBuilder {
+    Server::builder()
+        .add_service(Tracked {
+            inner: EchoServer::new(TestEcho {
+                probe: probe.clone(),
+            }),
+            probe: probe.clone(),
+        })
+        .add_service(KvServer::new(KvStore::new()))
+}
+
+/// Sends the library's warnings and errors to the test's captured output,
+/// shown when a test fails (`RUST_LOG` overrides the level).
+pub fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "rpc_core=warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// Serves `builder` on `url`, failing the test if it cannot.
+pub fn serve(builder: ServerBuilder, url: &str) -> ServerHandle {
+    capture_logs();
+    builder
+        .serve(url)
+        .unwrap_or_else(|e| panic!("serve on {url}: {e}"))
+}
+
+/// A request to echo `payload`, tagged `tag`, with more metadata.
+pub fn echo_request(
+    tag: &str,
+    payload: Vec<u8>,
+    metadata: &[(&str, &str)],
+) -> Request<EchoRequest> {
+    let mut request = Request::new(EchoRequest { payload });
+    request.metadata_mut().insert("tag", tag).unwrap();
+    for (k, v) in metadata {
+        request.metadata_mut().insert(k, *v).unwrap();
+    }
+    request
+}
+
+/// Deterministic bytes of length `len`, different for each `seed`.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Bytes an [`EchoRequest`] or [`EchoReply`] with a payload of `len` bytes
+/// takes in protobuf: the field tag and length prefix, then the bytes.
+pub fn echo_encoded_len(len: usize) -> usize {
+    EchoRequest {
+        payload: vec![0; len],
+    }
+    .encoded_len()
+}
+
+/// Bytes metadata entries take on the wire: per entry a key length byte,
+/// the key, a 4-byte value length and the value.
+pub fn metadata_len(entries: &[(&str, &str)]) -> usize {
+    entries.iter().map(|(k, v)| 1 + k.len() + 4 + v.len()).sum()
+}
+
+/// Polls `check` until it holds or [`LIMIT`] passes (for state that has no
+/// notification to wait on, such as a counter in the library).
+#[track_caller]
+pub fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,548 @@
+//! A misbehaving peer, built from the public software fabric API: it
+//! connects a raw queue pair to a real server, registers its own receive
+//! ring and staging area, and posts frames and doorbells of its choosing.
+//!
+//! A protocol violation must close that one connection (the raw side sees an
+//! error completion and can post no more) while other clients of the same
+//! server carry on. A well-formed request the server cannot serve must be
+//! answered with an Error frame instead.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use examples::echo::echo_client::EchoClient;
+use examples::echo::echo_server::DESCRIPTOR as ECHO;
+use examples::echo::{EchoReply, EchoRequest};
+use rpc_core::codegen::prost::Message;
+use rpc_core::fabric::soft::{SoftFabric, SoftQp, SoftRegion};
+use rpc_core::fabric::{
+    Completion, CompletionKind, Fabric, FabricError, FabricUrl, LocalSetup, PeerRing, QueuePair,
+    Region, WcStatus, WriteImm,
+};
+use rpc_core::protocol::{ALIGN, CallId, Doorbell, FrameKind, HEADER_LEN, Header, align_up};
+use rpc_core::{Code, ServerHandle};
+use std::time::{Duration, Instant};
+
+/// Size of the raw peer's receive ring (and of its staging area).
+const RAW_RING: usize = 65536;
+
+/// A hand-driven connection to a server.
+struct Raw {
+    fabric: SoftFabric,
+    ring: SoftRegion,
+    staging: SoftRegion,
+    qp: SoftQp,
+    peer: PeerRing,
+    /// Cumulative bytes placed in the server's ring: the next frame goes at
+    /// `head % peer.len`.
+    head: usize,
+    next_call: u64,
+}
+
+/// A frame read from the raw side's ring.
+#[derive(Debug)]
+struct Received {
+    header: Header,
+    payload: Vec<u8>,
+}
+
+impl Raw {
+    fn connect(url: &str) -> Raw {
+        let fabric = SoftFabric::new();
+        fabric.post_recv(256).unwrap();
+        let ring = fabric.register(RAW_RING, true).unwrap();
+        let staging = fabric.register(RAW_RING, false).unwrap();
+        let url = FabricUrl::parse(url).unwrap();
+        let local = LocalSetup {
+            ring: &ring,
+            max_message: (RAW_RING / 2 - HEADER_LEN) as u32,
+            timeout: LIMIT,
+        };
+        let connected = fabric
+            .connect(&url, local)
+            .unwrap_or_else(|e| panic!("raw connect to {url}: {e}"));
+        Raw {
+            peer: connected.peer,
+            qp: connected.qp,
+            fabric,
+            ring,
+            staging,
+            head: 0,
+            next_call: 1,
+        }
+    }
+
+    /// Ring offset where the next frame must go.
+    fn next_offset(&self) -> usize {
+        self.head % self.peer.len as usize
+    }
+
+    /// Writes `bytes` at `offset` of the server's ring with immediate `imm`.
+    fn post(&mut self, offset: usize, bytes: &[u8], imm: u32) -> Result<(), FabricError> {
+        self.staging
+            .write(offset, bytes.len(), |buf| buf.copy_from_slice(bytes));
+        let wr = WriteImm {
+            wr_id: 1,
+            local: (!bytes.is_empty()).then_some((&self.staging, offset, bytes.len())),
+            remote_addr: self.peer.addr + offset as u64,
+            rkey: self.peer.rkey,
+            imm,
+            signaled: false,
+        };
+        self.qp.post_write_imm(&wr)
+    }
+
+    /// Places `frame` where the next frame must go, with the doorbell that
+    /// says so (`imm` overrides it).
+    fn send_at_head(&mut self, frame: &[u8], imm: Option<u32>) {
+        let offset = self.next_offset();
+        assert!(
+            offset + frame.len() <= self.peer.len as usize,
+            "keep tests off the wrap"
+        );
+        let imm = imm.unwrap_or(
+            Doorbell::Frame {
+                offset_units: (offset / ALIGN) as u32,
+            }
+            .encode(),
+        );
+        self.post(offset, frame, imm).expect("post a frame");
+        self.head += align_up(frame.len().max(1));
+    }
+
+    /// A new call id.
+    fn call_id(&mut self) -> CallId {
+        self.next_call += 1;
+        CallId(self.next_call)
+    }
+
+    /// Waits for the next completion, up to [`LIMIT`].
+    fn completion(&self) -> Completion {
+        let deadline = Instant::now() + LIMIT;
+        let mut out = Vec::new();
+        loop {
+            if self.fabric.poll(&mut out, 1) == 1 {
+                return out[0];
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no completion within {LIMIT:?}");
+            self.fabric.wait(Some(left.min(Duration::from_millis(100))));
+        }
+    }
+
+    /// Waits for the server's next frame (skipping credits), and decodes it.
+    fn receive(&self) -> Received {
+        loop {
+            let c = self.completion();
+            assert_eq!(c.status, WcStatus::Success, "the connection failed: {c:?}");
+            let CompletionKind::RecvImm { imm, byte_len } = c.kind else {
+                continue;
+            };
+            match Doorbell::decode(imm).expect("the server sent a valid immediate") {
+                Doorbell::Credit { .. } => continue,
+                Doorbell::Frame { offset_units } => {
+                    let offset = offset_units as usize * ALIGN;
+                    let header = self
+                        .ring
+                        .read(offset, HEADER_LEN, Header::decode)
+                        .expect("the server sent a valid header");
+                    assert_eq!(byte_len as usize, header.frame_len());
+                    let start = offset + HEADER_LEN + header.metadata_len as usize;
+                    let payload =
+                        self.ring
+                            .read(start, header.payload_len as usize, <[u8]>::to_vec);
+                    return Received { header, payload };
+                }
+            }
+        }
+    }
+
+    /// Waits until the server has closed this connection: an error completion.
+    fn expect_closed(&mut self) {
+        loop {
+            let c = self.completion();
+            if c.status != WcStatus::Success {
+                assert_eq!(c.qp_num, self.qp.qp_num());
+                break;
+            }
+            // Frames or credits the server sent before it closed.
+        }
+        // Nothing more can be posted on a dead queue pair.
+        let frame = request_frame(ECHO.methods[0].id, CallId(1), &[], &[]);
+        let offset = self.next_offset();
+        assert!(
+            self.post(offset, &frame, 0).is_err(),
+            "posted on a connection the server closed"
+        );
+    }
+
+    /// An echo round trip on the raw connection: it is in good standing.
+    fn echo(&mut self, payload: &[u8]) {
+        let call_id = self.call_id();
+        let request = EchoRequest {
+            payload: payload.to_vec(),
+        }
+        .encode_to_vec();
+        self.send_at_head(
+            &request_frame(ECHO.methods[0].id, call_id, &[], &request),
+            None,
+        );
+        let reply = self.receive();
+        assert_eq!(reply.header.kind, FrameKind::Response, "{reply:?}");
+        assert_eq!(reply.header.call_id, call_id);
+        assert_eq!(
+            EchoReply::decode(&reply.payload[..]).unwrap().payload,
+            payload
+        );
+    }
+}
+
+/// The bytes of a frame: header, metadata, payload.
+fn frame(header: Header, metadata: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![0; HEADER_LEN];
+    header.encode((&mut bytes[..]).try_into().unwrap());
+    bytes.extend_from_slice(metadata);
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn request_header(
+    method_id: u32,
+    call_id: CallId,
+    metadata_len: usize,
+    payload_len: usize,
+) -> Header {
+    Header {
+        kind: FrameKind::Request,
+        status: 0,
+        method_id,
+        call_id,
+        payload_len: payload_len as u32,
+        metadata_len: metadata_len as u16,
+        timeout_us: 0,
+        ack: 0,
+    }
+}
+
+/// A well-formed request frame.
+fn request_frame(method_id: u32, call_id: CallId, metadata: &[u8], payload: &[u8]) -> Vec<u8> {
+    frame(
+        request_header(method_id, call_id, metadata.len(), payload.len()),
+        metadata,
+        payload,
+    )
+}
+
+/// A request frame for the echo method, to be spoiled by a test.
+fn echo_frame(raw: &mut Raw) -> Vec<u8> {
+    let payload = EchoRequest {
+        payload: b"spoiled".to_vec(),
+    }
+    .encode_to_vec();
+    request_frame(ECHO.methods[0].id, raw.call_id(), &[], &payload)
+}
+
+/// A server, a well-behaved client of it, and a raw connection that has
+/// already completed one call (so the server's first frame is behind it).
+fn setup(url: &str) -> (ServerHandle, EchoClient, Raw) {
+    let probe = Probe::new();
+    let server = serve(test_server(&probe).workers(2), url);
+    let good = EchoClient::new(channel(server.local_url()));
+    check(&good);
+    let mut raw = Raw::connect(server.local_url());
+    raw.echo(b"hello");
+    (server, good, raw)
+}
+
+/// The well-behaved client gets answers, and so does a new one.
+fn check(good: &EchoClient) {
+    let reply = good
+        .echo(echo_request("good", b"fine".to_vec(), &[]))
+        .wait();
+    assert_eq!(reply.unwrap().into_inner().payload, b"fine");
+}
+
+/// Sends what `spoil` posts on a fresh raw connection, then checks that the
+/// server closed the raw connection and nothing else.
+fn assert_closes(url: &str, spoil: impl FnOnce(&mut Raw)) {
+    let (server, good, mut raw) = setup(url);
+    spoil(&mut raw);
+    raw.expect_closed();
+    check(&good);
+    check(&EchoClient::new(channel(server.local_url())));
+    bounded("shutdown", move || server.shutdown());
+}
+
+on_soft_fabrics! {
+    fn bad_header_version_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let mut frame = echo_frame(raw);
+            frame[0] = 2;
+            raw.send_at_head(&frame, None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn unknown_frame_kind_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let mut frame = echo_frame(raw);
+            frame[1] = 9;
+            raw.send_at_head(&frame, None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn reserved_header_flags_close_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let mut frame = echo_frame(raw);
+            frame[22] = 1;
+            raw.send_at_head(&frame, None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn server_bound_kind_from_a_client_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let mut frame = echo_frame(raw);
+            frame[1] = FrameKind::Response as u8;
+            raw.send_at_head(&frame, None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn huge_payload_length_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let header = request_header(ECHO.methods[0].id, raw.call_id(), 0, u32::MAX as usize);
+            raw.send_at_head(&frame(header, &[], b"short"), None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn length_beyond_the_message_limit_closes_the_connection(url: &str) {
+        // The default server accepts up to 1 MiB - 32: claim one byte more
+        // (the bytes are not even there).
+        assert_closes(url, |raw| {
+            let limit = (1 << 20) - HEADER_LEN;
+            let header = request_header(ECHO.methods[0].id, raw.call_id(), 1, limit);
+            raw.send_at_head(&frame(header, &[0], b""), None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn frame_longer_than_the_write_closes_the_connection(url: &str) {
+        // A plausible length, but the write carries fewer bytes than it says.
+        assert_closes(url, |raw| {
+            let header = request_header(ECHO.methods[0].id, raw.call_id(), 0, 200);
+            raw.send_at_head(&frame(header, &[], &[0; 10]), None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn doorbell_at_the_wrong_offset_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let frame = echo_frame(raw);
+            // Neither where the next frame must be nor a wrap to 0.
+            let offset = raw.next_offset() + ALIGN;
+            let imm = Doorbell::Frame { offset_units: (offset / ALIGN) as u32 }.encode();
+            raw.post(offset, &frame, imm).unwrap();
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn invalid_immediate_tag_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let frame = echo_frame(raw);
+            let offset_units = (raw.next_offset() / ALIGN) as u32;
+            // Tags 0b10 and 0b11 name no doorbell.
+            raw.send_at_head(&frame, Some(0b10 << 30 | offset_units));
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn credit_for_bytes_never_sent_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let offset = raw.next_offset();
+            raw.post(offset, &[], Doorbell::Credit { ack: 1000 }.encode()).unwrap();
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn requests_the_server_cannot_serve_get_error_frames(url: &str) {
+        let (server, good, mut raw) = setup(url);
+        let expect_error = |raw: &mut Raw, method_id: u32, metadata: &[u8], payload: &[u8], code: Code| {
+            let call_id = raw.call_id();
+            raw.send_at_head(&request_frame(method_id, call_id, metadata, payload), None);
+            let reply = raw.receive();
+            assert_eq!(reply.header.kind, FrameKind::Error, "{reply:?}");
+            assert_eq!(reply.header.call_id, call_id, "an answer to another call");
+            assert_eq!(reply.header.status, code as u16, "{reply:?}");
+            String::from_utf8(reply.payload).expect("error messages are text")
+        };
+        // An unknown method id.
+        let message = expect_error(&mut raw, 0xdead_beef, &[], &[], Code::Unimplemented);
+        assert!(message.contains("0xdeadbeef"), "{message}");
+        // A payload that is not a valid EchoRequest: field 1 claims 5 bytes, 1 follows.
+        let message =
+            expect_error(&mut raw, ECHO.methods[0].id, &[], &[0x0a, 0x05, 1], Code::InvalidArgument);
+        assert!(message.contains("EchoRequest"), "{message}");
+        // Metadata that does not parse: a key of 5 bytes with 2 present.
+        expect_error(&mut raw, ECHO.methods[0].id, &[5, b'a', b'b'], &[], Code::InvalidArgument);
+        // A handler that panics.
+        let mut metadata = Vec::new();
+        for (k, v) in [("tag", "raw"), ("panic", "raw-boom")] {
+            metadata.push(k.len() as u8);
+            metadata.extend_from_slice(k.as_bytes());
+            metadata.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            metadata.extend_from_slice(v.as_bytes());
+        }
+        let message = expect_error(&mut raw, ECHO.methods[0].id, &metadata, &[], Code::Internal);
+        assert!(message.contains("raw-boom"), "{message}");
+        // None of that harmed the connection or the server.
+        raw.echo(b"still here");
+        check(&good);
+        drop(raw);
+        check(&good);
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
+/// A TCP connection to a `tcp://` server that speaks the soft fabric's wire
+/// protocol by hand (see `rpc_core::fabric::soft`): the handshake, then
+/// `WRITE` messages.
+mod tcp_wire {
+    use super::*;
+    use rpc_core::bootstrap::{HELLO_LEN, Hello, HelloFabric};
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::TcpStream;
+
+    /// A served echo server, a good client of it, and a raw socket to it.
+    fn setup() -> (ServerHandle, EchoClient, TcpStream) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), TCP_ANY);
+        let good = EchoClient::new(channel(server.local_url()));
+        check(&good);
+        let url = FabricUrl::parse(server.local_url()).unwrap();
+        let stream = TcpStream::connect(url.socket_addr()).unwrap();
+        stream.set_read_timeout(Some(LIMIT)).unwrap();
+        (server, good, stream)
+    }
+
+    fn hello(ring_len: u64) -> [u8; HELLO_LEN] {
+        Hello {
+            fabric: HelloFabric::Tcp,
+            qp_num: 1,
+            psn: 0,
+            lid: 0,
+            gid: [0; 16],
+            ring: PeerRing {
+                addr: 0x1000,
+                len: ring_len,
+                rkey: 1,
+                max_message: 1024,
+            },
+        }
+        .encode()
+    }
+
+    /// Reads until the server closes the socket; returns what it sent.
+    fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        match stream.read_to_end(&mut got) {
+            Ok(_) => got,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => got,
+            Err(e) => panic!("the server did not close the connection: {e}"),
+        }
+    }
+
+    /// Completes the handshake with a valid hello.
+    fn handshake(stream: &mut TcpStream) {
+        stream.write_all(&hello(RAW_RING as u64)).unwrap();
+        let mut reply = [0; HELLO_LEN];
+        stream.read_exact(&mut reply).expect("the server's hello");
+        Hello::decode(&reply, HelloFabric::Tcp).expect("a valid hello");
+    }
+
+    fn finish(server: ServerHandle, good: EchoClient) {
+        check(&good);
+        check(&EchoClient::new(channel(server.local_url())));
+        bounded("shutdown", move || server.shutdown());
+    }
+
+    #[test]
+    fn silent_peer_does_not_block_other_connections() {
+        watchdog(|| {
+            let (server, good, stream) = setup();
+            // Connected, saying nothing: others still connect and are served.
+            finish(server, good);
+            drop(stream);
+        });
+    }
+
+    #[test]
+    fn garbage_hello_is_refused() {
+        watchdog(|| {
+            let (server, good, mut stream) = setup();
+            stream.write_all(&[0x5a; HELLO_LEN]).unwrap();
+            assert!(read_until_closed(&mut stream).is_empty());
+            finish(server, good);
+        });
+    }
+
+    #[test]
+    fn hello_with_a_huge_ring_is_refused() {
+        watchdog(|| {
+            // A valid 16 GiB ring: the server must refuse to mirror it
+            // rather than allocate that much for a stranger.
+            let (server, good, mut stream) = setup();
+            stream.write_all(&hello(1 << 34)).unwrap();
+            assert!(read_until_closed(&mut stream).is_empty());
+            finish(server, good);
+        });
+    }
+
+    #[test]
+    fn unknown_wire_message_closes_the_connection() {
+        watchdog(|| {
+            let (server, good, mut stream) = setup();
+            handshake(&mut stream);
+            stream.write_all(&[0x99; 32]).unwrap();
+            read_until_closed(&mut stream);
+            finish(server, good);
+        });
+    }
+
+    #[test]
+    fn write_with_a_bad_rkey_is_refused() {
+        watchdog(|| {
+            let (server, good, mut stream) = setup();
+            handshake(&mut stream);
+            // WRITE: tag, wr_id, remote_addr, rkey, imm, len, data.
+            let mut write = vec![1u8];
+            write.extend_from_slice(&7u64.to_le_bytes());
+            write.extend_from_slice(&0x1000u64.to_le_bytes());
+            write.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+            write.extend_from_slice(&0u32.to_le_bytes());
+            write.extend_from_slice(&4u32.to_le_bytes());
+            write.extend_from_slice(&[1, 2, 3, 4]);
+            stream.write_all(&write).unwrap();
+            // NAK: tag 2, the write's wr_id, status 1 (remote access).
+            let got = read_until_closed(&mut stream);
+            let mut nak = vec![2u8];
+            nak.extend_from_slice(&7u64.to_le_bytes());
+            nak.push(1);
+            assert_eq!(got, nak);
+            finish(server, good);
+        });
+    }
+}

@@ -1,0 +1,346 @@
+//! Client and server in separate processes: the `kv-server` and `kv-client`
+//! binaries against each other and against in-test peers, including peers
+//! killed in the middle of their calls.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use examples::kv::kv_client::KvClient;
+use examples::kv::kv_server::KvServer;
+use examples::kv::{GetRequest, PutRequest, ScanRequest};
+use examples::services::KvStore;
+use examples::workload;
+use futures::FutureExt;
+use rpc_core::codegen::{ServerCall, Service, ServiceDescriptor};
+use rpc_core::{Code, Server, Status};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A child process, killed when dropped (so a failing test leaves none behind).
+struct Proc {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    stderr_reader: Option<JoinHandle<()>>,
+}
+
+impl Proc {
+    fn spawn(command: &mut Command) -> Proc {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Proc {
+            child,
+            stderr,
+            stderr_reader: Some(reader),
+        }
+    }
+
+    /// What the process wrote to stderr so far.
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Everything the process wrote to stderr, once it has exited.
+    fn all_stderr(&mut self) -> String {
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
+        }
+        self.stderr()
+    }
+
+    /// Sends a signal by name (`STOP`, `KILL`...).
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Kills the process and reaps it.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit, up to [`LIMIT`]; kills it after that.
+    fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!(
+                    "process did not exit within {LIMIT:?}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `kv-server` child process.
+struct KvServerProc {
+    proc: Proc,
+    url: String,
+}
+
+impl KvServerProc {
+    /// Starts `kv-server --listen listen` and waits for it to say where it listens.
+    fn start(listen: &str) -> KvServerProc {
+        let mut proc =
+            Proc::spawn(Command::new(env!("CARGO_BIN_EXE_kv-server")).args(["--listen", listen]));
+        let stdout = proc.child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = rx
+            .recv_timeout(LIMIT)
+            .unwrap_or_else(|_| panic!("kv-server printed no address; stderr:\n{}", proc.stderr()));
+        let url = line
+            .strip_prefix("kv-server listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from kv-server: {line:?}"))
+            .to_owned();
+        assert!(
+            !url.ends_with(":0"),
+            "kv-server reported no real port: {url}"
+        );
+        KvServerProc { proc, url }
+    }
+}
+
+/// What a `kv-client` run printed.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `kv-client --connect url args...` to completion (bounded).
+fn kv_client(url: &str, args: &[&str]) -> Run {
+    let mut proc = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_kv-client"))
+            .args(["--connect", url])
+            .args(args),
+    );
+    let mut stdout = proc.child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        out
+    });
+    let status = proc.wait();
+    Run {
+        code: status.code(),
+        stdout: reader.join().unwrap(),
+        stderr: proc.all_stderr(),
+    }
+}
+
+/// Runs `kv-client` and expects exit status 0 and exactly `stdout`.
+#[track_caller]
+fn expect_output(url: &str, args: &[&str], stdout: &str) {
+    let run = kv_client(url, args);
+    assert_eq!(run.code, Some(0), "kv-client {args:?} failed: {run:?}");
+    assert_eq!(run.stdout, stdout, "kv-client {args:?}: {run:?}");
+}
+
+on_network_fabrics! {
+    fn kv_client_and_kv_server_processes(url: &str) {
+        let server = KvServerProc::start(url);
+        let u = server.url.as_str();
+        expect_output(u, &["put", "a", "1"], "ok\n");
+        expect_output(u, &["put", "a", "2"], "ok (replaced)\n");
+        expect_output(u, &["get", "a"], "2\n");
+        let missing = kv_client(u, &["get", "nope"]);
+        assert_eq!(missing.code, Some(1), "{missing:?}");
+        assert_eq!(missing.stdout, "");
+        assert!(missing.stderr.contains("not found: nope"), "{missing:?}");
+        expect_output(u, &["put", "ab", "x y"], "ok\n");
+        expect_output(u, &["put", "b", "z"], "ok\n");
+        expect_output(u, &["scan", "a"], "a\t2\nab\tx y\n");
+        expect_output(u, &["scan", ""], "a\t2\nab\tx y\nb\tz\n");
+        expect_output(u, &["delete", "a"], "deleted\n");
+        expect_output(u, &["delete", "a"], "not found\n");
+        assert_eq!(kv_client(u, &["get", "a"]).code, Some(1));
+        expect_output(u, &["scan", "a"], "ab\tx y\n");
+
+        let bench = kv_client(u, &["bench", "--calls", "2000", "--concurrency", "8"]);
+        assert_eq!(bench.code, Some(0), "{bench:?}");
+        assert!(bench.stdout.starts_with("calls=2000 errors=0 "), "{bench:?}");
+        // What the bench stored is there for a client in this process too.
+        let kv = KvClient::new(channel(u));
+        let value = kv.get(GetRequest { key: "key-0".into() }).wait().unwrap().into_inner().value;
+        assert_eq!(value, Some(workload::value_for("key-0")));
+        let scan = kv
+            .scan(ScanRequest { prefix: "b".into(), limit: 0 })
+            .wait()
+            .unwrap()
+            .into_inner();
+        assert_eq!(scan.entries.len(), 1);
+        assert_eq!(scan.entries[0].value, b"z");
+    }
+}
+
+on_network_fabrics! {
+    fn killed_server_fails_pending_and_later_calls(url: &str) {
+        let mut server = KvServerProc::start(url);
+        let kv = KvClient::new(channel(&server.url));
+        let put = |key: String| kv.put(PutRequest { key, value: b"v".to_vec() });
+        put("before".into()).wait().unwrap();
+
+        // Clients hammering the server when it dies.
+        let (tx, errors) = mpsc::channel();
+        let workers: Vec<_> = (0..3)
+            .map(|w| {
+                let kv = kv.clone();
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for i in 0.. {
+                        let request = PutRequest { key: format!("w{w}-{i}"), value: vec![1; 100] };
+                        if let Err(e) = kv.put(request).wait() {
+                            tx.send(e).unwrap();
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        // Freeze the server so these calls are certainly pending when it dies.
+        server.proc.signal("STOP");
+        let mut pending: Vec<_> = (0..50).map(|i| put(format!("pending-{i}"))).collect();
+        for call in &mut pending {
+            assert!(call.now_or_never().is_none(), "a stopped server answered");
+        }
+        server.proc.kill();
+
+        let started = Instant::now();
+        for call in pending {
+            expect_code(call.wait(), Code::Unavailable);
+        }
+        for _ in &workers {
+            let e: Status = errors.recv_timeout(LIMIT).expect("a worker's call hung");
+            assert_eq!(e.code(), Code::Unavailable, "{e}");
+        }
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert!(started.elapsed() < LIMIT / 2, "failing the calls took {:?}", started.elapsed());
+        // Later calls fail at once, and the channel says why.
+        expect_code(put("after".into()).wait(), Code::Unavailable);
+        assert!(!kv.channel().is_connected());
+        // Nobody listens there any more.
+        let e = rpc_core::Channel::connect(&server.url).expect_err("connected to a dead server");
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+    }
+}
+
+/// Counts the calls a service completed, and lets a test wait for a number.
+struct Counted<S> {
+    inner: S,
+    count: Arc<(Mutex<u64>, Condvar)>,
+}
+
+impl<S: Service> Service for Counted<S> {
+    fn descriptor(&self) -> &'static ServiceDescriptor {
+        self.inner.descriptor()
+    }
+
+    fn call(&self, call: ServerCall) {
+        self.inner.call(call);
+        let (count, cond) = &*self.count;
+        *count.lock().unwrap() += 1;
+        cond.notify_all();
+    }
+}
+
+on_network_fabrics! {
+    fn killed_client_leaves_the_server_serving(url: &str) {
+        let count = Arc::new((Mutex::new(0u64), Condvar::new()));
+        let server = serve(
+            Server::builder().add_service(Counted {
+                inner: KvServer::new(KvStore::new()),
+                count: count.clone(),
+            }),
+            url,
+        );
+        let u = server.local_url().to_owned();
+        let other = KvClient::new(channel(&u));
+        other.put(PutRequest { key: "mine".into(), value: b"safe".to_vec() }).wait().unwrap();
+
+        let mut bench = Proc::spawn(
+            Command::new(env!("CARGO_BIN_EXE_kv-client"))
+                .args(["--connect", &u, "bench", "--calls", "1000000", "--concurrency", "4"]),
+        );
+        // Let it get going, with calls in flight, then kill it.
+        {
+            let (n, cond) = &*count;
+            let n = n.lock().unwrap();
+            let (n, timeout) = cond.wait_timeout_while(n, LIMIT, |n| *n < 1000).unwrap();
+            assert!(!timeout.timed_out(), "the bench made only {} calls; {}", *n, bench.stderr());
+        }
+        // Another client keeps working while the bench dies.
+        let busy = {
+            let other = other.clone();
+            std::thread::spawn(move || workload::run(&other, 2000, 4))
+        };
+        bench.signal("KILL");
+        assert!(bench.wait().code().is_none(), "the bench exited instead of being killed");
+        let summary = bounded("the other client's workload", move || busy.join().unwrap());
+        assert_eq!(summary.errors, 0, "{summary}: {:?}", summary.first_error);
+
+        // The server still answers correctly, old clients and new.
+        let got = other.get(GetRequest { key: "mine".into() }).wait().unwrap();
+        assert_eq!(got.into_inner().value.as_deref(), Some(&b"safe"[..]));
+        let newcomer = KvClient::new(channel(&u));
+        newcomer.put(PutRequest { key: "new".into(), value: b"n".to_vec() }).wait().unwrap();
+        let scan = other
+            .scan(ScanRequest { prefix: "new".into(), limit: 0 })
+            .wait()
+            .unwrap()
+            .into_inner();
+        assert_eq!(scan.entries.len(), 1);
+        assert_eq!(scan.entries[0].value, b"n");
+        // The bench's values are intact.
+        let value = newcomer.get(GetRequest { key: "key-0".into() }).wait().unwrap().into_inner().value;
+        assert_eq!(value, Some(workload::value_for("key-0")));
+        bounded("shutdown", move || server.shutdown());
+    }
+}

@@ -1,0 +1,818 @@
+//! End-to-end behaviour of the runtime through the example services, on every
+//! fabric: correctness, concurrency, message size limits, flow control,
+//! deadlines, shutdown, panics and clients that go away mid-call.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use examples::echo::echo_client::EchoClient;
+use examples::echo::echo_server::EchoServer;
+use examples::echo::{EchoReply, EchoRequest};
+use examples::kv::kv_client::KvClient;
+use examples::kv::kv_server::KvServer;
+use examples::kv::{DeleteRequest, Entry, GetRequest, PutRequest, ScanRequest};
+use examples::services::{EchoService, KvStore};
+use futures::FutureExt;
+use rpc_core::protocol::{ALIGN, HEADER_LEN};
+use rpc_core::{Channel, Code, Request, Response, Server, Status, UnaryCall};
+use std::time::{Duration, Instant};
+
+fn put(kv: &KvClient, key: &str, value: &[u8]) -> bool {
+    kv.put(PutRequest {
+        key: key.into(),
+        value: value.into(),
+    })
+    .wait()
+    .unwrap_or_else(|e| panic!("put {key}: {e}"))
+    .into_inner()
+    .replaced
+}
+
+fn get(kv: &KvClient, key: &str) -> Option<Vec<u8>> {
+    kv.get(GetRequest { key: key.into() })
+        .wait()
+        .unwrap_or_else(|e| panic!("get {key}: {e}"))
+        .into_inner()
+        .value
+}
+
+fn delete(kv: &KvClient, key: &str) -> bool {
+    kv.delete(DeleteRequest { key: key.into() })
+        .wait()
+        .unwrap_or_else(|e| panic!("delete {key}: {e}"))
+        .into_inner()
+        .existed
+}
+
+/// Keys and whether more matched.
+fn scan(kv: &KvClient, prefix: &str, limit: u32) -> (Vec<(String, Vec<u8>)>, bool) {
+    let reply = kv
+        .scan(ScanRequest {
+            prefix: prefix.into(),
+            limit,
+        })
+        .wait()
+        .unwrap_or_else(|e| panic!("scan {prefix:?}: {e}"))
+        .into_inner();
+    let entries = reply
+        .entries
+        .into_iter()
+        .map(|Entry { key, value }| (key, value))
+        .collect();
+    (entries, reply.truncated)
+}
+
+fn keys(entries: &[(String, Vec<u8>)]) -> Vec<&str> {
+    entries.iter().map(|(k, _)| k.as_str()).collect()
+}
+
+/// Echoes `payload` with `metadata` and checks that both come back unchanged.
+fn check_echo(echo: &EchoClient, payload: Vec<u8>, metadata: &[(&str, &[u8])]) {
+    let mut request = Request::new(EchoRequest {
+        payload: payload.clone(),
+    });
+    for (k, v) in metadata {
+        request.metadata_mut().insert_bin(k, v.to_vec()).unwrap();
+    }
+    let response = echo
+        .echo(request)
+        .wait()
+        .unwrap_or_else(|e| panic!("echo of {} bytes: {e}", payload.len()));
+    let got: Vec<(&str, &[u8])> = response.metadata().iter().collect();
+    assert_eq!(got, metadata, "metadata came back changed");
+    assert_eq!(response.into_inner().payload, payload);
+}
+
+on_every_fabric! {
+    fn echo_and_kv_are_correct(url: &str) {
+        let server = serve(
+            Server::builder()
+                .add_service(EchoServer::new(EchoService))
+                .add_service(KvServer::new(KvStore::new())),
+            url,
+        );
+        let ch = channel(server.local_url());
+
+        // Echo: payloads and metadata (text and binary) come back unchanged.
+        let echo = EchoClient::new(ch.clone());
+        check_echo(&echo, Vec::new(), &[]);
+        check_echo(&echo, b"hello".to_vec(), &[("tenant", b"blue")]);
+        check_echo(&echo, pattern(3000, 1), &[("a", b""), ("trace-bin", &[0, 255, 1, 254])]);
+        check_echo(&echo, vec![0; 100_000], &[("x", &[7; 1000])]);
+
+        let kv = KvClient::new(ch);
+        // Put and get; replacing reports it; absent keys read as None.
+        assert!(!put(&kv, "alpha", b"1"));
+        assert_eq!(get(&kv, "alpha").as_deref(), Some(&b"1"[..]));
+        assert!(put(&kv, "alpha", b"one"));
+        assert_eq!(get(&kv, "alpha").as_deref(), Some(&b"one"[..]));
+        assert_eq!(get(&kv, "missing"), None);
+        // An empty value is a value, not an absence.
+        assert!(!put(&kv, "empty", b""));
+        assert_eq!(get(&kv, "empty"), Some(Vec::new()));
+        // Binary values survive.
+        let blob = pattern(5000, 2);
+        put(&kv, "blob", &blob);
+        assert_eq!(get(&kv, "blob"), Some(blob));
+        // Delete reports whether the key existed.
+        assert!(delete(&kv, "alpha"));
+        assert!(!delete(&kv, "alpha"));
+        assert_eq!(get(&kv, "alpha"), None);
+        assert!(delete(&kv, "empty"));
+        assert!(delete(&kv, "blob"));
+        // Invalid keys are the caller's error.
+        let e = expect_code(kv.get(GetRequest { key: String::new() }).wait(), Code::InvalidArgument);
+        assert!(e.message().contains("empty"), "{e}");
+        expect_code(
+            kv.put(PutRequest { key: "k".repeat(4097), value: vec![] }).wait(),
+            Code::InvalidArgument,
+        );
+
+        // Scan: key order whatever the insertion order, prefix filtering
+        // (a key equal to the prefix matches; neighbours do not), truncation.
+        for key in ["b/3", "a", "b/1", "c/1", "b", "b/2", "ba", "b/10", "c"] {
+            put(&kv, key, format!("v-{key}").as_bytes());
+        }
+        let (all, truncated) = scan(&kv, "", 0);
+        assert_eq!(keys(&all), ["a", "b", "b/1", "b/10", "b/2", "b/3", "ba", "c", "c/1"]);
+        assert!(!truncated);
+        for (k, v) in &all {
+            assert_eq!(v, format!("v-{k}").as_bytes());
+        }
+        let (b, truncated) = scan(&kv, "b/", 0);
+        assert_eq!(keys(&b), ["b/1", "b/10", "b/2", "b/3"]);
+        assert!(!truncated);
+        let (b, truncated) = scan(&kv, "b", 0);
+        assert_eq!(keys(&b), ["b", "b/1", "b/10", "b/2", "b/3", "ba"]);
+        assert!(!truncated);
+        let (b, truncated) = scan(&kv, "b/", 2);
+        assert_eq!(keys(&b), ["b/1", "b/10"]);
+        assert!(truncated, "2 of 4 matches is truncated");
+        let (b, truncated) = scan(&kv, "b/", 4);
+        assert_eq!(keys(&b), ["b/1", "b/10", "b/2", "b/3"]);
+        assert!(!truncated, "exactly the limit is not truncated");
+        let (b, truncated) = scan(&kv, "b/", 5);
+        assert_eq!(b.len(), 4);
+        assert!(!truncated);
+        let (none, truncated) = scan(&kv, "zzz", 0);
+        assert!(none.is_empty() && !truncated);
+        let (none, truncated) = scan(&kv, "b/4", 0);
+        assert!(none.is_empty() && !truncated);
+        // The default limit is 1000 entries.
+        for i in 0..1001 {
+            put(&kv, &format!("many/{i:04}"), b"");
+        }
+        let (many, truncated) = scan(&kv, "many/", 0);
+        assert_eq!(many.len(), examples::services::DEFAULT_SCAN_LIMIT);
+        assert_eq!(many[999].0, "many/0999");
+        assert!(truncated);
+        // Deleted keys leave scans.
+        assert!(delete(&kv, "b/10"));
+        let (b, _) = scan(&kv, "b/", 0);
+        assert_eq!(keys(&b), ["b/1", "b/2", "b/3"]);
+        server.shutdown();
+    }
+}
+
+/// The tag and payload of call `i` of worker `w`: unique, of varying length.
+fn call_input(w: u64, i: u64) -> (String, Vec<u8>) {
+    let tag = format!("w{w}-c{i}");
+    let len = ((w * 7919 + i * 131) % 3000) as usize;
+    (tag, pattern(len, w << 32 | i))
+}
+
+/// Checks that `response` answers the call `tag` with `payload`.
+#[track_caller]
+fn check_reply(tag: &str, payload: &[u8], response: Result<Response<EchoReply>, Status>) {
+    let response = response.unwrap_or_else(|e| panic!("call {tag}: {e}"));
+    assert_eq!(
+        response.metadata().get("tag"),
+        Some(tag),
+        "reply to the wrong call"
+    );
+    assert!(
+        response.get_ref().payload == payload,
+        "call {tag}: wrong payload"
+    );
+}
+
+on_every_fabric! {
+    fn concurrent_calls_each_get_their_own_reply(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).workers(3), url);
+        let ch = channel(server.local_url());
+
+        // Blocking calls from several threads sharing one channel, with a few
+        // calls each kept in flight at once.
+        std::thread::scope(|s| {
+            for w in 0..4u64 {
+                let echo = EchoClient::new(ch.clone());
+                s.spawn(move || {
+                    for batch in 0..50u64 {
+                        let calls: Vec<_> = (0..4)
+                            .map(|j| {
+                                let (tag, payload) = call_input(w, batch * 4 + j);
+                                let call = echo.echo(echo_request(&tag, payload.clone(), &[]));
+                                (tag, payload, call)
+                            })
+                            .collect();
+                        for (tag, payload, call) in calls.into_iter().rev() {
+                            check_reply(&tag, &payload, call.wait());
+                        }
+                    }
+                });
+            }
+        });
+
+        // Async calls from tasks of a multi-threaded tokio runtime.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..32u64)
+                .map(|t| {
+                    let echo = EchoClient::new(ch.clone());
+                    tokio::spawn(async move {
+                        for i in 0..10 {
+                            let (tag, payload) = call_input(100 + t, i);
+                            let reply = echo.echo(echo_request(&tag, payload.clone(), &[])).await;
+                            check_reply(&tag, &payload, reply);
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.expect("task panicked");
+            }
+            // Many futures of one task, polled together.
+            let echo = EchoClient::new(ch.clone());
+            let inputs: Vec<_> = (0..100).map(|i| call_input(200, i)).collect();
+            let replies = futures::future::join_all(
+                inputs.iter().map(|(tag, payload)| echo.echo(echo_request(tag, payload.clone(), &[]))),
+            )
+            .await;
+            for ((tag, payload), reply) in inputs.iter().zip(replies) {
+                check_reply(tag, payload, reply);
+            }
+        });
+        drop(rt);
+
+        // Async calls under an executor that is not tokio.
+        let echo = EchoClient::new(ch.clone());
+        let inputs: Vec<_> = (0..100).map(|i| call_input(300, i)).collect();
+        let replies = futures::executor::block_on(futures::future::join_all(
+            inputs.iter().map(|(tag, payload)| echo.echo(echo_request(tag, payload.clone(), &[]))),
+        ));
+        for ((tag, payload), reply) in inputs.iter().zip(replies) {
+            check_reply(tag, payload, reply);
+        }
+        server.shutdown();
+    }
+}
+
+/// Ring size of the size-limit test: requests and responses up to half of
+/// it, less a header, fit.
+const RING: usize = 65536;
+const MAX_BODY: usize = RING / 2 - 32;
+
+/// The largest echo payload whose message, with `metadata_len` bytes of
+/// metadata, is at most `max_body` bytes.
+fn largest_payload(max_body: usize, metadata_len: usize) -> usize {
+    let mut len = max_body - metadata_len;
+    while echo_encoded_len(len) + metadata_len > max_body {
+        len -= 1;
+    }
+    len
+}
+
+on_every_fabric! {
+    fn message_sizes_up_to_the_ring_limit(url: &str) {
+        assert_eq!(MAX_BODY, RING / 2 - HEADER_LEN);
+        let server = serve(
+            Server::builder().add_service(EchoServer::new(EchoService)).ring_size(RING),
+            url,
+        );
+        let ch = Channel::builder(server.local_url())
+            .ring_size(RING)
+            .timeout(LIMIT)
+            .connect()
+            .unwrap();
+        let echo = EchoClient::new(ch.clone());
+        let payload = |len: usize| pattern(len, len as u64);
+
+        // Every size class, from nothing up to the largest that fits.
+        let largest = largest_payload(MAX_BODY, 0);
+        assert_eq!(echo_encoded_len(largest), MAX_BODY, "the limit is reachable exactly");
+        for len in [0, 1, 2, 31, 32, 63, 64, 65, 127, 128, 1000, 4096, 16383, 16384, 32000, largest] {
+            check_echo(&echo, payload(len), &[]);
+        }
+        // One byte more is refused before it is sent.
+        let e = expect_code(
+            echo.echo(EchoRequest { payload: payload(largest + 1) }).wait(),
+            Code::ResourceExhausted,
+        );
+        assert!(e.message().contains(&MAX_BODY.to_string()), "{e}");
+        // Metadata counts against the same limit.
+        let md: &[(&str, &[u8])] = &[("key", b"value"), ("bin", &[0; 100])];
+        let md_len = metadata_len(&[("key", "value"), ("bin", &"x".repeat(100))]);
+        let largest = largest_payload(MAX_BODY, md_len);
+        check_echo(&echo, payload(largest), md);
+        let mut request = Request::new(EchoRequest { payload: payload(largest + 1) });
+        for (k, v) in md {
+            request.metadata_mut().insert_bin(k, v.to_vec()).unwrap();
+        }
+        expect_code(echo.echo(request).wait(), Code::ResourceExhausted);
+        // Metadata has a limit of its own, whatever the ring.
+        let mut request = Request::new(EchoRequest::default());
+        request.metadata_mut().insert_bin("big", vec![0; 70_000]).unwrap();
+        expect_code(echo.echo(request).wait(), Code::InvalidArgument);
+        // The channel is unharmed.
+        check_echo(&echo, payload(10), &[]);
+        drop(echo);
+        drop(ch);
+        server.shutdown();
+
+        // The server advertises a lower limit set with max_message_size.
+        let server = serve(
+            Server::builder()
+                .add_service(EchoServer::new(EchoService))
+                .ring_size(RING)
+                .max_message_size(1000),
+            url,
+        );
+        let echo = EchoClient::new(channel(server.local_url()));
+        let largest = largest_payload(1000, 0);
+        check_echo(&echo, payload(largest), &[]);
+        expect_code(
+            echo.echo(EchoRequest { payload: payload(largest + 1) }).wait(),
+            Code::ResourceExhausted,
+        );
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn response_too_large_for_the_client_ring(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).ring_size(RING), url);
+        let client_ring = 8192;
+        let ch = Channel::builder(server.local_url())
+            .ring_size(client_ring)
+            .timeout(LIMIT)
+            .connect()
+            .unwrap();
+        let echo = EchoClient::new(ch);
+        // Replies of `reply-len` carry no metadata.
+        let largest = largest_payload(client_ring / 2 - HEADER_LEN, 0);
+        let reply = echo
+            .echo(echo_request("fits", Vec::new(), &[("reply-len", &largest.to_string())]))
+            .wait()
+            .unwrap();
+        assert_eq!(reply.into_inner().payload, pattern(largest, 7));
+        // One byte more cannot reach the client: the server says so instead.
+        let e = expect_code(
+            echo.echo(echo_request("big", Vec::new(), &[("reply-len", &(largest + 1).to_string())]))
+                .wait(),
+            Code::ResourceExhausted,
+        );
+        assert!(e.message().contains("exceeds"), "{e}");
+        // Far larger too, and the connection survives it.
+        expect_code(
+            echo.echo(echo_request("huge", Vec::new(), &[("reply-len", "20000")])).wait(),
+            Code::ResourceExhausted,
+        );
+        let reply = echo.echo(echo_request("after", b"ok".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, b"ok");
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn small_rings_wrap_under_concurrent_load(url: &str) {
+        // Both rings at the minimum: frames of every size up to the largest
+        // wrap around constantly, in both directions, with several calls in
+        // flight per thread.
+        let ring = 4096;
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).ring_size(ring).workers(2), url);
+        let ch = Channel::builder(server.local_url())
+            .ring_size(ring)
+            .timeout(LIMIT)
+            .connect()
+            .unwrap();
+        std::thread::scope(|s| {
+            for w in 0..3u64 {
+                let echo = EchoClient::new(ch.clone());
+                s.spawn(move || {
+                    for batch in 0..40u64 {
+                        let calls: Vec<_> = (0..3)
+                            .map(|j| {
+                                let i = batch * 3 + j;
+                                let tag = format!("w{w}-c{i:03}");
+                                let md_len = metadata_len(&[("tag", &tag)]);
+                                let largest = largest_payload(ring / 2 - HEADER_LEN, md_len);
+                                // Mostly random sizes, often the largest.
+                                let len = match pattern(1, w << 32 | i)[0] % 4 {
+                                    0 => largest,
+                                    _ => pattern(2, i << 8 | w)
+                                        .iter()
+                                        .fold(0usize, |a, &b| a << 8 | b as usize)
+                                        % (largest + 1),
+                                };
+                                let payload = pattern(len, i);
+                                let call = echo.echo(echo_request(&tag, payload.clone(), &[]));
+                                (tag, payload, call)
+                            })
+                            .collect();
+                        for (tag, payload, call) in calls {
+                            check_reply(&tag, &payload, call.wait());
+                        }
+                    }
+                });
+            }
+        });
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn requests_cross_a_small_ring_while_no_reply_flows(url: &str) {
+        // Every handler blocks, so nothing flows back to carry credits: the
+        // server must return them on its own, also when the next frame has
+        // to wrap around the ring. Frame sizes (header included) on a 4 KiB
+        // ring: after 1984 + 128 bytes, a 2048-byte frame must skip the last
+        // 1984 bytes, which needs the 128 back too, though they are far less
+        // than the quarter of the ring that prompts a credit otherwise.
+        let ring = 4096;
+        let frames = [1984, 128, 2048, 100, 2000, 1000, 640, 2048, 64, 1990, 2048, 300];
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).ring_size(ring).workers(frames.len()), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        let calls: Vec<_> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, &frame)| {
+                let tag = format!("c{i:02}");
+                let md_len = metadata_len(&[("tag", &tag), ("block", "")]);
+                let len = largest_payload(frame - HEADER_LEN, md_len);
+                assert!(HEADER_LEN + md_len + echo_encoded_len(len) > frame - ALIGN);
+                let payload = pattern(len, i as u64);
+                let call = echo.echo(echo_request(&tag, payload.clone(), &[("block", "")]));
+                // One frame per server batch: each is consumed (and any
+                // credit decided) before the next is sent.
+                probe.wait_entered(&tag);
+                (tag, payload, call)
+            })
+            .collect();
+        probe.open_gate("");
+        for (tag, payload, call) in calls {
+            check_reply(&tag, &payload, call.wait());
+        }
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn many_clients_share_one_server(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).workers(2), url);
+        let local = server.local_url().to_owned();
+        std::thread::scope(|s| {
+            for c in 0..12u64 {
+                let local = local.clone();
+                s.spawn(move || {
+                    let echo = EchoClient::new(channel(&local));
+                    for i in 0..30 {
+                        let (tag, payload) = call_input(c, i);
+                        check_reply(&tag, &payload, echo.echo(echo_request(&tag, payload.clone(), &[])).wait());
+                    }
+                });
+            }
+        });
+        server.shutdown();
+    }
+}
+
+#[test]
+fn connection_failures_are_reported() {
+    watchdog(|| {
+        // Nobody serves this name or port.
+        let e = Channel::connect("mem://suite.nobody-here").unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let e = Channel::builder(&format!("tcp://127.0.0.1:{port}"))
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        // Not a URL, or not a valid ring.
+        for url in [
+            "nonsense",
+            "ftp://x:1",
+            "tcp://127.0.0.1",
+            "tcp://127.0.0.1:99999",
+            "mem://",
+        ] {
+            let e = Channel::connect(url).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{url}: {e}");
+        }
+        for size in [1000, 5000, 2048] {
+            let e = Channel::builder("mem://suite.anything")
+                .ring_size(size)
+                .connect()
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "ring of {size}: {e}");
+        }
+        let e = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .serve("mem://")
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        // One mem:// name, one server.
+        let server = serve(
+            Server::builder().add_service(EchoServer::new(EchoService)),
+            "mem://suite.taken",
+        );
+        let e = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .serve("mem://suite.taken")
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        server.shutdown();
+    });
+}
+
+/// Whether `call` has completed, without waiting.
+fn is_done<T: rpc_core::codegen::prost::Message + Default>(call: &mut UnaryCall<T>) -> bool {
+    call.now_or_never().is_some()
+}
+
+on_every_fabric! {
+    fn full_ring_queues_calls_then_drains_in_order(url: &str) {
+        // Handlers run on the poller, so a blocked handler stops the server
+        // from consuming its ring: later requests fill it, then queue.
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).inline_handlers(true).ring_size(4096), url);
+        let ch = channel(server.local_url());
+        let echo = EchoClient::new(ch.clone());
+
+        let first = echo.echo(echo_request("blocker", b"first".to_vec(), &[("block", "")]));
+        probe.wait_entered("blocker");
+        // About 20 of these fit a 4 KiB ring: issue many more.
+        let n = 100u64;
+        let mut calls: Vec<_> = (0..n)
+            .map(|i| {
+                let tag = format!("queued-{i}");
+                let payload = pattern(100, i);
+                let call = echo.echo(echo_request(&tag, payload.clone(), &[]));
+                (tag, payload, call)
+            })
+            .collect();
+        // The ring is full: a fail-fast call is refused at once...
+        let mut request = echo_request("impatient", Vec::new(), &[]);
+        request.set_fail_fast(true);
+        let e = expect_code(echo.echo(request).wait(), Code::ResourceExhausted);
+        assert!(e.message().contains("full"), "{e}");
+        // A deadline still applies to a call that could not be sent yet.
+        let mut request = echo_request("expiring", Vec::new(), &[]);
+        request.set_timeout(Duration::from_millis(100));
+        expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
+        // ...while the queued calls neither failed nor completed.
+        for (tag, _, call) in &mut calls {
+            assert!(!is_done(call), "{tag} completed while the server was blocked");
+        }
+        assert_eq!(probe.seen().entered, ["blocker"]);
+
+        probe.open_gate("");
+        assert_eq!(first.wait().unwrap().into_inner().payload, b"first");
+        for (tag, payload, call) in calls {
+            check_reply(&tag, &payload, call.wait());
+        }
+        // The server saw every call once, in the order they were issued
+        // (the expired one may or may not have been sent after them).
+        let expected: Vec<String> = std::iter::once("blocker".to_owned())
+            .chain((0..n).map(|i| format!("queued-{i}")))
+            .collect();
+        let mut entered = probe.seen().entered.clone();
+        if entered.last().is_some_and(|t| t == "expiring") {
+            entered.pop();
+        }
+        assert_eq!(entered, expected);
+        // With room again, fail-fast calls go through.
+        let mut request = echo_request("fast", b"x".to_vec(), &[]);
+        request.set_fail_fast(true);
+        assert_eq!(echo.echo(request).wait().unwrap().into_inner().payload, b"x");
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn deadlines_expire_and_late_replies_are_dropped(url: &str) {
+        // One worker: calls are handled, and answered, one after the other.
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).workers(1), url);
+        let ch = channel(server.local_url());
+        let echo = EchoClient::new(ch.clone());
+
+        let timeout = Duration::from_millis(200);
+        let mut request = echo_request("slow", b"late".to_vec(), &[("block", "")]);
+        request.set_timeout(timeout);
+        let started = Instant::now();
+        let e = expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
+        let elapsed = started.elapsed();
+        assert!(elapsed >= timeout, "gave up after {elapsed:?}, before {timeout:?}: {e}");
+        assert!(elapsed < timeout + Duration::from_secs(5), "gave up only after {elapsed:?}");
+        probe.wait_entered("slow");
+        assert_eq!(ch.stale_responses(), 0);
+
+        // A call queued behind the blocked worker expires on both sides: the
+        // server drops it without running the handler once its own deadline
+        // (counted from arrival) has passed too.
+        let mut request = echo_request("doomed", Vec::new(), &[]);
+        request.set_timeout(Duration::from_millis(100));
+        let sent = Instant::now();
+        expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
+        // The request reached the server within a few ms of being sent; give
+        // its server-side deadline ample time to pass as well.
+        std::thread::sleep((sent + Duration::from_millis(400)).saturating_duration_since(Instant::now()));
+
+        // The handler finishes late; the channel keeps working. The next
+        // reply is sent after the late ones, so by the time it arrives the
+        // late ones were received and dropped.
+        probe.open_gate("");
+        let reply = echo.echo(echo_request("next", b"on time".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.metadata().get("tag"), Some("next"));
+        assert_eq!(reply.into_inner().payload, b"on time");
+        assert_eq!(ch.stale_responses(), 2, "late replies were not counted");
+        assert_eq!(probe.seen().entered, ["slow", "next"], "an expired call was run");
+
+        // A channel's default timeout applies to every call...
+        let short = EchoClient::new(
+            Channel::builder(server.local_url())
+                .timeout(Duration::from_millis(150))
+                .connect()
+                .unwrap(),
+        );
+        expect_code(
+            short.echo(echo_request("sleepy", Vec::new(), &[("sleep-ms", "1000")])).wait(),
+            Code::DeadlineExceeded,
+        );
+        // ...unless the request sets its own. This one waits behind the
+        // sleeping call on the single worker, far longer than 150 ms.
+        let mut request = echo_request("patient", b"p".to_vec(), &[("sleep-ms", "10")]);
+        request.set_timeout(LIMIT);
+        let started = Instant::now();
+        let reply = short.echo(request).wait().unwrap();
+        assert!(started.elapsed() > Duration::from_millis(150));
+        assert_eq!(reply.into_inner().payload, b"p");
+        assert_eq!(short.channel().stale_responses(), 1);
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn shutdown_finishes_running_calls_and_refuses_new_ones(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).workers(4), url);
+        let ch = channel(server.local_url());
+        let echo = EchoClient::new(ch.clone());
+        let running: Vec<_> = (0..3)
+            .map(|i| {
+                let tag = format!("running-{i}");
+                let call = echo.echo(echo_request(&tag, pattern(50, i), &[("block", "")]));
+                probe.wait_entered(&tag);
+                (tag, pattern(50, i), call)
+            })
+            .collect();
+
+        let local_url = server.local_url().to_owned();
+        let shutdown = std::thread::spawn(move || server.shutdown());
+        // Once the server drains, new calls are refused. Probe until then:
+        // calls that raced ahead of the shutdown are still answered.
+        let mut probes = 0;
+        let deadline = Instant::now() + LIMIT;
+        let refused = loop {
+            probes += 1;
+            assert!(Instant::now() < deadline, "calls still accepted during shutdown");
+            match echo.echo(echo_request(&format!("probe-{probes}"), Vec::new(), &[])).wait() {
+                Ok(_) => continue,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.code(), Code::Unavailable, "{refused}");
+        expect_code(
+            echo.echo(echo_request("after", Vec::new(), &[])).wait(),
+            Code::Unavailable,
+        );
+        assert!(!shutdown.is_finished(), "shutdown returned with calls running");
+
+        // The running calls complete normally, then shutdown returns.
+        probe.open_gate("");
+        for (tag, payload, call) in running {
+            check_reply(&tag, &payload, call.wait());
+        }
+        bounded("shutdown", move || shutdown.join().expect("shutdown panicked"));
+        // The connection is closed now.
+        expect_code(
+            echo.echo(echo_request("closed", Vec::new(), &[])).wait(),
+            Code::Unavailable,
+        );
+        eventually("the channel to notice", || !ch.is_connected());
+        // New connections are refused.
+        let e = Channel::builder(&local_url)
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .expect_err("connected to a server that shut down");
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+    }
+}
+
+on_every_fabric! {
+    fn shutdown_grace_period_is_bounded(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).workers(2), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        let stuck = echo.echo(echo_request("stuck", Vec::new(), &[("block", "")]));
+        probe.wait_entered("stuck");
+        let started = Instant::now();
+        bounded("shutdown", move || server.shutdown_timeout(Duration::from_millis(300)));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        // The call still running when the grace period ended is cut off.
+        expect_code(stuck.wait(), Code::Unavailable);
+        probe.open_gate("");
+    }
+}
+
+on_every_fabric! {
+    fn panicking_handler_is_internal_and_server_keeps_serving(url: &str) {
+        for inline in [false, true] {
+            let probe = Probe::new();
+            let server = serve(test_server(&probe).inline_handlers(inline), url);
+            let echo = EchoClient::new(channel(server.local_url()));
+            for i in 0..3 {
+                let e = expect_code(
+                    echo.echo(echo_request("boom", Vec::new(), &[("panic", "kaboom")])).wait(),
+                    Code::Internal,
+                );
+                assert!(e.message().contains("kaboom"), "{e}");
+                let payload = pattern(10, i);
+                let reply = echo.echo(echo_request("fine", payload.clone(), &[])).wait().unwrap();
+                assert_eq!(reply.into_inner().payload, payload);
+            }
+            // Other clients are served too.
+            let other = EchoClient::new(channel(server.local_url()));
+            let reply = other.echo(echo_request("other", b"o".to_vec(), &[])).wait().unwrap();
+            assert_eq!(reply.into_inner().payload, b"o");
+            server.shutdown();
+        }
+    }
+}
+
+on_every_fabric! {
+    fn client_gone_mid_call_leaves_the_server_serving(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).workers(2), url);
+        let other = EchoClient::new(channel(server.local_url()));
+
+        let leaving = channel(server.local_url());
+        let call = EchoClient::new(leaving.clone())
+            .echo(echo_request("orphan", pattern(1000, 1), &[("block", "")]));
+        probe.wait_entered("orphan");
+        // The client goes away with its call running.
+        drop(call);
+        drop(leaving);
+        // Others are served meanwhile...
+        let reply = other.echo(echo_request("during", b"d".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, b"d");
+        // ...and after the handler answers into the closed connection.
+        probe.open_gate("");
+        probe.wait_finished("orphan");
+        let reply = other.echo(echo_request("after", b"a".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, b"a");
+        let newcomer = EchoClient::new(channel(server.local_url()));
+        let reply = newcomer.echo(echo_request("new", b"n".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, b"n");
+
+        // A thread still waiting on a call when the last handle of its
+        // channel goes away gets Unavailable rather than waiting forever.
+        let leaving = EchoClient::new(channel(server.local_url()));
+        let call = leaving.echo(echo_request("abandoned", Vec::new(), &[("block", "abandoned")]));
+        let waiter = std::thread::spawn(move || call.wait());
+        probe.wait_entered("abandoned");
+        drop(leaving);
+        let result = bounded("the abandoned call", move || waiter.join().unwrap());
+        expect_code(result, Code::Unavailable);
+        probe.open_gate("abandoned");
+        probe.wait_finished("abandoned");
+        let reply = other.echo(echo_request("last", b"l".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, b"l");
+        bounded("shutdown", move || server.shutdown());
+    }
+}
