@@ -546,3 +546,68 @@ mod tcp_wire {
         });
     }
 }
+
+/// A peer that completes the handshake and then stops reading.
+mod stalled_peer {
+    use super::*;
+    use rpc_core::bootstrap::{HELLO_LEN, Hello, HelloFabric};
+    use std::io::{Read, Write};
+
+    #[test]
+    fn peer_that_stops_reading_does_not_hang_callers() {
+        watchdog(|| {
+            // A hand-made tcp:// server with a 64 MiB ring that completes the
+            // handshake and then never reads: TCP buffers fill up long before
+            // the ring does.
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("tcp://{}", listener.local_addr().unwrap());
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let peer = std::thread::spawn(move || {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut hello = [0; HELLO_LEN];
+                s.read_exact(&mut hello).unwrap();
+                let ring = 64 << 20;
+                let reply = Hello {
+                    fabric: HelloFabric::Tcp,
+                    qp_num: 1,
+                    psn: 0,
+                    lid: 0,
+                    gid: [0; 16],
+                    ring: PeerRing {
+                        addr: 0x1000,
+                        len: ring,
+                        rkey: 1,
+                        max_message: (ring / 2) as u32 - HEADER_LEN as u32,
+                    },
+                };
+                s.write_all(&reply.encode()).unwrap();
+                let _ = done_rx.recv_timeout(LIMIT);
+                drop(s);
+            });
+            let echo = EchoClient::new(channel(&url));
+            let started = Instant::now();
+            // 40 MiB of requests, each with a short deadline: starting them
+            // must not block, and each must time out.
+            let (_echo, calls) = bounded("starting calls to a stalled peer", move || {
+                let calls: Vec<_> = (0..40)
+                    .map(|i| {
+                        let mut request = echo_request(&format!("c{i}"), vec![1; 1 << 20], &[]);
+                        request.set_timeout(Duration::from_millis(300));
+                        echo.echo(request)
+                    })
+                    .collect();
+                (echo, calls)
+            });
+            for call in calls {
+                expect_code(call.wait(), Code::DeadlineExceeded);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "took {:?}",
+                started.elapsed()
+            );
+            done_tx.send(()).unwrap();
+            peer.join().unwrap();
+        });
+    }
+}

@@ -344,3 +344,37 @@ on_network_fabrics! {
         bounded("shutdown", move || server.shutdown());
     }
 }
+
+on_network_fabrics! {
+    fn stopped_server_calls_time_out_then_recover(url: &str) {
+        let server = KvServerProc::start(url);
+        let kv = KvClient::new(channel(&server.url));
+        kv.put(PutRequest { key: "k".into(), value: b"v".to_vec() }).wait().unwrap();
+        // A server that is alive but not answering: calls hit their deadlines,
+        // even with far more bytes outstanding than the ring and the TCP
+        // buffers hold.
+        server.proc.signal("STOP");
+        let started = Instant::now();
+        let kv2 = kv.clone();
+        let calls = bounded("starting calls to a stopped server", move || {
+            (0..40)
+                .map(|i| {
+                    let mut request = rpc_core::Request::new(PutRequest {
+                        key: format!("big-{i}"),
+                        value: vec![i as u8; 128 * 1024],
+                    });
+                    request.set_timeout(Duration::from_millis(300));
+                    kv2.put(request)
+                })
+                .collect::<Vec<_>>()
+        });
+        for call in calls {
+            expect_code(call.wait(), Code::DeadlineExceeded);
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        server.proc.signal("CONT");
+        // Once it runs again, the channel works.
+        let got = kv.get(GetRequest { key: "k".into() }).wait().unwrap().into_inner().value;
+        assert_eq!(got.as_deref(), Some(&b"v"[..]));
+    }
+}

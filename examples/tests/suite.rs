@@ -816,3 +816,42 @@ on_every_fabric! {
         bounded("shutdown", move || server.shutdown());
     }
 }
+
+on_every_fabric! {
+    fn slow_inline_handler_delays_but_does_not_drop_a_deep_pipeline(url: &str) {
+        // A 2 MiB ring has room for far more small requests than a fabric
+        // context keeps receives posted by default (4096), and every
+        // incoming write consumes one. While the only poller is stuck in a
+        // handler, nobody replenishes them: a sender that finds none waits
+        // up to the RNR timeout, then the connection fails. Receives must be
+        // provisioned for everything the ring admits, so that the stuck
+        // poller only delays the pipeline, however long it is stuck.
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).inline_handlers(true), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        let first = echo.echo(echo_request("blocker", Vec::new(), &[("block", "")]));
+        probe.wait_entered("blocker");
+        let calls = bounded("issuing the pipeline", move || {
+            let calls: Vec<_> = (0..6000u64)
+                .map(|i| {
+                    let tag = format!("p{i}");
+                    let call = echo.echo(echo_request(&tag, Vec::new(), &[]));
+                    (tag, call)
+                })
+                .collect();
+            (echo, calls)
+        });
+        // The handler stays stuck past the point where senders give up.
+        std::thread::sleep(rpc_core::fabric::soft::DEFAULT_RNR_TIMEOUT + Duration::from_secs(1));
+        probe.open_gate("");
+        first.wait().unwrap();
+        for (tag, call) in calls.1 {
+            check_reply(&tag, &[], call.wait());
+        }
+        let expected: Vec<String> = std::iter::once("blocker".to_owned())
+            .chain((0..6000).map(|i| format!("p{i}")))
+            .collect();
+        assert!(probe.seen().entered == expected, "calls lost, repeated or reordered");
+        server.shutdown();
+    }
+}

@@ -99,6 +99,9 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     /// The earliest timer others asked for since the last tick (ns since `epoch`).
     timer_hint: AtomicU64,
     epoch: Instant,
+    /// Receives posted for connections since closed: consumed receives up
+    /// to this many are not replenished.
+    surplus_recvs: AtomicU64,
 }
 
 impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
@@ -113,6 +116,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             planned_wake: AtomicU64::new(0),
             timer_hint: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
+            surplus_recvs: AtomicU64::new(0),
         }))
     }
 
@@ -138,7 +142,17 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 ))
             })?;
         let staging = self.fabric.register(peer_cap, false)?;
-        let conn = Arc::new(Conn::new(c, recv, staging, self.config.max_backlog)?);
+        // Every incoming write consumes a receive, and the peer may send a
+        // frame per ALIGN bytes of this ring, plus a credit per frame it
+        // received, before the poller gets to replenish: provision for all
+        // of it, so that a busy poller delays the peer instead of failing it
+        // with RNR errors.
+        let recvs = u32::try_from((self.config.ring_size + peer_cap) / ALIGN)
+            .map_err(|_| Status::resource_exhausted("rings too large to provision receives"))?;
+        let mut conn = Conn::new(c, recv, staging, self.config.max_backlog)?;
+        conn.recvs = recvs;
+        self.fabric.post_recv(recvs)?;
+        let conn = Arc::new(conn);
         self.conns
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -174,8 +188,37 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             .is_some();
         conn.kill(why);
         if removed {
+            self.surplus_recvs
+                .fetch_add(conn.recvs as u64, Ordering::AcqRel);
             self.role.on_lost(conn, why);
         }
+    }
+
+    /// Posts receives in place of `consumed` ones, less any surplus left by
+    /// closed connections.
+    fn replenish(&self, consumed: u32) -> Result<(), Status> {
+        let mut surplus = self.surplus_recvs.load(Ordering::Acquire);
+        let absorbed = loop {
+            let absorbed = surplus.min(consumed as u64);
+            match self.surplus_recvs.compare_exchange_weak(
+                surplus,
+                surplus - absorbed,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break absorbed as u32,
+                Err(now) => surplus = now,
+            }
+        };
+        if consumed > absorbed {
+            if let Err(e) = self.fabric.post_recv(consumed - absorbed) {
+                // The caller retries with the same count: give the surplus back.
+                self.surplus_recvs
+                    .fetch_add(absorbed as u64, Ordering::AcqRel);
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 
     /// Asks the poller to exit.
@@ -235,7 +278,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 }
                 // Keep the SRQ stocked well above what is in flight.
                 if consumed_recvs >= self.config.srq_depth / 4 {
-                    if let Err(e) = self.fabric.post_recv(consumed_recvs) {
+                    if let Err(e) = self.replenish(consumed_recvs) {
                         tracing::error!(error = %e, "cannot replenish the shared receive queue");
                     } else {
                         consumed_recvs = 0;
@@ -245,10 +288,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 continue;
             }
             if consumed_recvs > 0 {
-                let _ = self
-                    .fabric
-                    .post_recv(consumed_recvs)
-                    .map(|()| consumed_recvs = 0);
+                let _ = self.replenish(consumed_recvs).map(|()| consumed_recvs = 0);
             }
             let now = Instant::now();
             next_tick = self.tick(next_tick, now);
@@ -381,6 +421,8 @@ pub(crate) struct Conn<F: Fabric> {
     send: Mutex<SendState<F>>,
     failure: Mutex<Option<String>>,
     max_backlog: usize,
+    /// Receives posted for this connection (see [`Endpoint::add`]).
+    recvs: u32,
 }
 
 impl<F: Fabric> Conn<F> {
@@ -423,6 +465,7 @@ impl<F: Fabric> Conn<F> {
             }),
             failure: Mutex::new(None),
             max_backlog,
+            recvs: 0,
         })
     }
 

@@ -10,7 +10,10 @@
 //! - `NAK`: `tag=2, wr_id u64, status u8`: the receiver rejected a write
 //!   (bad rkey or bounds, or RNR exhaustion); both queue pairs go to error.
 //!
-//! A reader thread per connection plays the receiving NIC.
+//! A reader thread per connection plays the receiving NIC. Posting writes
+//! the message to the socket at once when it can, but never blocks for long:
+//! when the socket is full (the peer stopped reading), the rest waits in a
+//! queue that a writer thread drains, as a verbs post never blocks either.
 
 use super::{Ctx, SoftQp, SoftRegion, Wire, next_qp_num};
 use crate::bootstrap::{self, Hello, HelloFabric};
@@ -18,10 +21,12 @@ use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
     WcStatus, WriteImm,
 };
-use std::io::{BufReader, Read, Write};
+use std::collections::VecDeque;
+use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 const TAG_WRITE: u8 = 1;
 const TAG_NAK: u8 = 2;
@@ -30,6 +35,12 @@ const TAG_ACK: u8 = 4;
 const WRITE_HEADER: usize = 1 + 8 + 8 + 4 + 4 + 4;
 /// Largest write accepted off the wire (a ring is at most this big anyway).
 const MAX_WRITE: usize = 1 << 31;
+/// How long a post may wait for room in the socket before it leaves the rest
+/// to the writer thread (the socket's send timeout).
+const POST_BLOCK: Duration = Duration::from_millis(5);
+/// How long a closing connection keeps trying to flush to a peer that does
+/// not read before it gives up.
+const CLOSE_LINGER: Duration = Duration::from_secs(5);
 
 fn status_code(s: WcStatus) -> u8 {
     match s {
@@ -52,10 +63,176 @@ fn status_from(code: u8) -> WcStatus {
     }
 }
 
+/// The byte stream to the peer, shared by posters, the reader (ACKs and
+/// NAKs) and the writer thread. One of them writes at a time, in order.
+struct Tx {
+    stream: TcpStream,
+    state: Mutex<TxState>,
+    cond: Condvar,
+}
+
+#[derive(Default)]
+struct TxState {
+    /// Messages not yet written, in order; the first may be partly written.
+    queue: VecDeque<Vec<u8>>,
+    /// Bytes of the first queued message already written.
+    front_done: usize,
+    /// Someone is writing to the socket.
+    busy: bool,
+    /// Shut down once everything queued is written.
+    closing: bool,
+    /// The socket failed or was shut down: nothing more is written.
+    failed: bool,
+}
+
+/// What writing a message got to.
+enum Wrote {
+    All,
+    /// The socket had no room for a while: this many bytes went out.
+    Part(usize),
+    Failed,
+}
+
+impl Tx {
+    fn new(stream: TcpStream) -> std::io::Result<Arc<Tx>> {
+        stream.set_write_timeout(Some(POST_BLOCK))?;
+        Ok(Arc::new(Tx {
+            stream,
+            state: Mutex::new(TxState::default()),
+            cond: Condvar::new(),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TxState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes `bytes[done..]` until all is written, the socket stays full
+    /// for [`POST_BLOCK`], or it fails.
+    fn write_from(&self, bytes: &[u8], mut done: usize) -> Wrote {
+        while done < bytes.len() {
+            match (&self.stream).write(&bytes[done..]) {
+                Ok(0) => return Wrote::Failed,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Wrote::Part(done);
+                }
+                Err(_) => return Wrote::Failed,
+            }
+        }
+        Wrote::All
+    }
+
+    /// Sends `bytes` after everything sent before: writes them now if the
+    /// socket is free and has room, else queues them for the writer thread.
+    /// Blocks at most about [`POST_BLOCK`]. `Err` once the socket failed.
+    fn send(&self, bytes: Vec<u8>) -> Result<(), ()> {
+        let mut st = self.lock();
+        if st.failed || st.closing {
+            return Err(());
+        }
+        if st.busy || !st.queue.is_empty() {
+            st.queue.push_back(bytes);
+            self.cond.notify_all();
+            return Ok(());
+        }
+        st.busy = true;
+        drop(st);
+        let wrote = self.write_from(&bytes, 0);
+        let mut st = self.lock();
+        st.busy = false;
+        let result = match wrote {
+            Wrote::All => Ok(()),
+            Wrote::Part(done) => {
+                // Ahead of whatever was queued meanwhile.
+                st.queue.push_front(bytes);
+                st.front_done = done;
+                Ok(())
+            }
+            Wrote::Failed => {
+                st.failed = true;
+                Err(())
+            }
+        };
+        if !st.queue.is_empty() || st.failed {
+            self.cond.notify_all();
+        }
+        result
+    }
+
+    /// Shuts down once everything sent so far is written.
+    fn close(&self) {
+        self.lock().closing = true;
+        self.cond.notify_all();
+    }
+
+    /// Shuts down now, dropping whatever is queued.
+    fn abort(&self) {
+        self.lock().failed = true;
+        self.cond.notify_all();
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// The writer thread: writes what posters could not, until closed or
+    /// failed. `on_error` reports a failed write.
+    fn run(&self, on_error: impl FnOnce()) {
+        let mut st = self.lock();
+        let mut stalled_since: Option<Instant> = None;
+        let mut write_failed = false;
+        loop {
+            if st.failed {
+                break;
+            }
+            if st.busy || st.queue.is_empty() {
+                if st.closing && !st.busy {
+                    break;
+                }
+                st = self.cond.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            if st.closing && stalled_since.is_some_and(|t| t.elapsed() > CLOSE_LINGER) {
+                tracing::debug!("giving up flushing to a peer that does not read");
+                break;
+            }
+            let bytes = st.queue.pop_front().expect("queue not empty");
+            let done = std::mem::take(&mut st.front_done);
+            st.busy = true;
+            drop(st);
+            let wrote = self.write_from(&bytes, done);
+            st = self.lock();
+            st.busy = false;
+            match wrote {
+                Wrote::All => stalled_since = None,
+                Wrote::Part(now_done) => {
+                    if now_done > done {
+                        stalled_since = None;
+                    }
+                    stalled_since.get_or_insert_with(Instant::now);
+                    st.queue.push_front(bytes);
+                    st.front_done = now_done;
+                }
+                Wrote::Failed => {
+                    if !st.failed {
+                        write_failed = true;
+                    }
+                    break;
+                }
+            }
+        }
+        st.failed = true;
+        st.queue.clear();
+        drop(st);
+        let _ = self.stream.shutdown(Shutdown::Both);
+        if write_failed {
+            on_error();
+        }
+    }
+}
+
 /// The sending half of a TCP queue pair.
 pub(super) struct TcpWire {
-    writer: Arc<Mutex<TcpStream>>,
-    buf: Vec<u8>,
+    tx: Arc<Tx>,
     pending_hello: Option<Hello>,
 }
 
@@ -65,34 +242,33 @@ impl TcpWire {
         wr: &WriteImm<'_, SoftRegion>,
         data: &[u8],
     ) -> Result<(), WcStatus> {
-        self.buf.clear();
-        self.buf.push(if wr.signaled {
+        let mut buf = Vec::with_capacity(WRITE_HEADER + data.len());
+        buf.push(if wr.signaled {
             TAG_WRITE_SIGNALED
         } else {
             TAG_WRITE
         });
-        self.buf.extend_from_slice(&wr.wr_id.to_le_bytes());
-        self.buf.extend_from_slice(&wr.remote_addr.to_le_bytes());
-        self.buf.extend_from_slice(&wr.rkey.to_le_bytes());
-        self.buf.extend_from_slice(&wr.imm.to_le_bytes());
-        self.buf
-            .extend_from_slice(&(data.len() as u32).to_le_bytes());
-        self.buf.extend_from_slice(data);
-        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        w.write_all(&self.buf).map_err(|_| WcStatus::RetryExceeded)
+        buf.extend_from_slice(&wr.wr_id.to_le_bytes());
+        buf.extend_from_slice(&wr.remote_addr.to_le_bytes());
+        buf.extend_from_slice(&wr.rkey.to_le_bytes());
+        buf.extend_from_slice(&wr.imm.to_le_bytes());
+        buf.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        buf.extend_from_slice(data);
+        self.tx.send(buf).map_err(|()| WcStatus::RetryExceeded)
     }
 
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending_hello.take() {
-            let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-            bootstrap::send(&mut *w, &hello)?;
+            self.tx.send(hello.encode().to_vec()).map_err(|()| {
+                FabricError::unreachable("accept", "the connection failed during the handshake")
+            })?;
         }
         Ok(())
     }
 
+    /// Closes once what was posted is written, like an orderly close.
     pub(super) fn close(&mut self) {
-        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = w.shutdown(Shutdown::Both);
+        self.tx.close();
     }
 }
 
@@ -166,28 +342,46 @@ fn finish(
     let reader = stream
         .try_clone()
         .map_err(|e| FabricError::io("clone socket", e))?;
-    let writer = Arc::new(Mutex::new(stream));
+    let tx = Tx::new(stream).map_err(|e| FabricError::io("set_write_timeout", e))?;
     let dead = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (tx, ctx, dead) = (tx.clone(), ctx.clone(), dead.clone());
+        move || {
+            tx.run(|| {
+                if !dead.swap(true, Ordering::AcqRel) {
+                    ctx.push(Completion {
+                        wr_id: 0,
+                        qp_num,
+                        kind: CompletionKind::Send,
+                        status: WcStatus::RetryExceeded,
+                    });
+                }
+            })
+        }
+    };
+    std::thread::Builder::new()
+        .name(format!("rpc-tcp-tx-{qp_num}"))
+        .spawn(writer)
+        .map_err(|e| FabricError::io("spawn writer", e))?;
     let nic = ReaderNic {
         ctx: ctx.clone(),
         qp_num,
         dead: dead.clone(),
-        writer: writer.clone(),
+        tx: tx.clone(),
     };
-    std::thread::Builder::new()
+    if let Err(e) = std::thread::Builder::new()
         .name(format!("rpc-tcp-rx-{qp_num}"))
         .spawn(move || nic.run(reader))
-        .map_err(|e| FabricError::io("spawn reader", e))?;
+    {
+        tx.abort(); // ends the writer thread
+        return Err(FabricError::io("spawn reader", e));
+    }
     Ok(Connected {
         qp: SoftQp {
             qp_num,
             ctx: ctx.clone(),
             dead,
-            wire: Wire::Tcp(TcpWire {
-                writer,
-                buf: Vec::with_capacity(4096),
-                pending_hello,
-            }),
+            wire: Wire::Tcp(TcpWire { tx, pending_hello }),
         },
         peer: peer.ring,
         peer_addr,
@@ -199,11 +393,16 @@ struct ReaderNic {
     ctx: Arc<Ctx>,
     qp_num: u32,
     dead: Arc<AtomicBool>,
-    writer: Arc<Mutex<TcpStream>>,
+    tx: Arc<Tx>,
 }
 
 impl ReaderNic {
     fn fail(&self, wr_id: u64, kind: CompletionKind, status: WcStatus) {
+        self.mark_dead(wr_id, kind, status);
+        self.tx.abort();
+    }
+
+    fn mark_dead(&self, wr_id: u64, kind: CompletionKind, status: WcStatus) {
         if !self.dead.swap(true, Ordering::AcqRel) {
             self.ctx.push(Completion {
                 wr_id,
@@ -212,11 +411,6 @@ impl ReaderNic {
                 status,
             });
         }
-        let _ = self
-            .writer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .shutdown(Shutdown::Both);
     }
 
     fn run(self, stream: TcpStream) {
@@ -252,26 +446,24 @@ impl ReaderNic {
                         return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
                     }
                     if let Err(status) = self.ctx.deliver(self.qp_num, addr, rkey, imm, &data) {
-                        let mut nak = [0u8; 10];
+                        let mut nak = vec![0u8; 10];
                         nak[0] = TAG_NAK;
                         nak[1..9].copy_from_slice(&wr_id.to_le_bytes());
                         nak[9] = status_code(status);
-                        let _ = self
-                            .writer
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .write_all(&nak);
-                        return self.fail(0, CompletionKind::RecvImm { imm, byte_len: 0 }, status);
+                        // The NAK goes out, then the connection closes.
+                        let _ = self.tx.send(nak);
+                        self.tx.close();
+                        return self.mark_dead(
+                            0,
+                            CompletionKind::RecvImm { imm, byte_len: 0 },
+                            status,
+                        );
                     }
                     if tag == TAG_WRITE_SIGNALED {
-                        let mut ack = [0u8; 9];
+                        let mut ack = vec![0u8; 9];
                         ack[0] = TAG_ACK;
                         ack[1..9].copy_from_slice(&wr_id.to_le_bytes());
-                        let _ = self
-                            .writer
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .write_all(&ack);
+                        let _ = self.tx.send(ack);
                     }
                 }
                 TAG_ACK => {
