@@ -7,6 +7,19 @@
 pub mod services;
 pub mod workload;
 
+/// Logs to stderr (`RUST_LOG` filters; default `warn`, or `info` for
+/// servers), without colours unless stderr is a terminal.
+pub fn init_logging(default: &str) {
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
 pub mod echo {
     //! The `echo` package: a service that returns what it receives, used by
     //! tests and benchmarks.

@@ -18,6 +18,7 @@ use std::time::Duration;
 const USAGE: &str = "usage: demo [--url URL] [--calls N] [--concurrency C]";
 
 fn main() {
+    examples::init_logging("warn");
     let mut url = "mem://demo".to_owned();
     let mut calls: u64 = 20_000;
     let mut concurrency: usize = 4;

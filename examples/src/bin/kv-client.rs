@@ -23,6 +23,7 @@ commands:
   bench [--calls N] [--concurrency C]";
 
 fn main() {
+    examples::init_logging("warn");
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let connect = take_opt(&mut args, "--connect").unwrap_or_else(|| fail(USAGE));
     let timeout_ms: u64 =

@@ -12,12 +12,7 @@ const USAGE: &str =
     "usage: kv-server --listen URL   (URL: tcp://host:port, rdma://host:port or mem://name)";
 
 fn main() {
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(env_filter())
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    examples::init_logging("info");
     let mut args = std::env::args().skip(1);
     let mut listen = None;
     while let Some(arg) = args.next() {
@@ -46,10 +41,6 @@ fn main() {
     loop {
         std::thread::park();
     }
-}
-
-fn env_filter() -> tracing_subscriber::EnvFilter {
-    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())
 }
 
 fn fail(msg: &str) -> ! {

@@ -264,6 +264,7 @@ impl VerbsFabric {
         let recv_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
         let send_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
         let srq = Arc::new(Srq::new(pd.clone(), srq_depth)?);
+        srq.post_zero_length(srq_depth)?;
         // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
         let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if wake_fd < 0 {
@@ -714,8 +715,14 @@ impl Fabric for VerbsFabric {
         })
     }
 
-    fn post_recv(&self, count: u32) -> Result<(), FabricError> {
-        self.inner.srq.post_zero_length(count)
+    /// Does nothing: this fabric keeps its SRQ full by itself. It fills the
+    /// SRQ to capacity when opened and posts one receive for every receive
+    /// completion it polls. The dispatcher provisions for the worst case of
+    /// every connection at once, more than a device SRQ holds; a burst beyond
+    /// capacity is covered by RNR retries (`rnr_retry = 7` retries without
+    /// limit), which delay a sender while receives are reposted, never fail it.
+    fn post_recv(&self, _count: u32) -> Result<(), FabricError> {
+        Ok(())
     }
 
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
@@ -734,7 +741,14 @@ impl Fabric for VerbsFabric {
             }
         }
         if n < max {
-            n += self.poll_cq(&self.inner.recv_cq, true, out, max - n);
+            let got = self.poll_cq(&self.inner.recv_cq, true, out, max - n);
+            // Every receive completion used up one posted receive: replace it.
+            if got > 0 {
+                if let Err(e) = self.inner.srq.post_zero_length(got as u32) {
+                    tracing::error!(error = %e, "cannot replenish the shared receive queue");
+                }
+            }
+            n += got;
         }
         if n < max {
             n += self.poll_cq(&self.inner.send_cq, false, out, max - n);
