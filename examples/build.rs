@@ -20,13 +20,5 @@ fn main() -> io::Result<()> {
     // A new file in proto/test must rerun this script too.
     println!("cargo:rerun-if-changed={}", proto.join("test").display());
 
-    // The integration tests add rdma:// to the fabrics they run on when this
-    // names the URL of a test server (see tests/common/mod.rs).
-    println!("cargo::rustc-check-cfg=cfg(rpc_test_rdma)");
-    println!("cargo:rerun-if-env-changed=RPC_TEST_RDMA_URL");
-    if std::env::var_os("RPC_TEST_RDMA_URL").is_some_and(|v| !v.is_empty()) {
-        println!("cargo:rustc-cfg=rpc_test_rdma");
-    }
-
     rpc_codegen::compile_protos(&protos, &[proto])
 }
