@@ -22,13 +22,15 @@ pub(crate) struct Pair<F: Fabric> {
     pub listener: F::Listener,
 }
 
-/// Connects a new client context to `server` through `listener`.
+/// Connects `client` to `server` through `listener`, the client bringing
+/// `c_ring`; returns the server's queue pair and ring, the client's queue
+/// pair, and the client's view of the server's ring.
 pub(crate) fn connect<F: Fabric>(
     server: &F,
     listener: &F::Listener,
     client: &F,
-    ring: &F::Region,
-) -> (F::Qp, F::Qp, PeerRing) {
+    c_ring: &F::Region,
+) -> (F::Qp, F::Region, F::Qp, PeerRing) {
     let url = FabricUrl::parse(&listener.local_url()).unwrap();
     let s_ring = server.register(RING, true).unwrap();
     let (s, c) = thread::scope(|s| {
@@ -44,7 +46,7 @@ pub(crate) fn connect<F: Fabric>(
             c
         });
         let local = LocalSetup {
-            ring,
+            ring: c_ring,
             max_message: 2048,
             timeout: Duration::from_secs(10),
         };
@@ -53,49 +55,23 @@ pub(crate) fn connect<F: Fabric>(
     });
     assert_eq!(s.peer.max_message, 2048, "server learns the client's limit");
     assert_eq!(c.peer.max_message, 1024, "client learns the server's limit");
-    std::mem::forget(s_ring); // kept registered for the connection's life (test only)
-    (s.qp, c.qp, c.peer)
+    (s.qp, s_ring, c.qp, c.peer)
 }
 
+/// A listening server context and one connected client context.
 pub(crate) fn pair<F: Fabric>(server: F, client: F, url: &str) -> Pair<F> {
     let listener = server.listen(&FabricUrl::parse(url).unwrap()).unwrap();
-    let url = FabricUrl::parse(&listener.local_url()).unwrap();
-    let s_ring = server.register(RING, true).unwrap();
     let c_ring = client.register(RING, true).unwrap();
     let staging = client.register(RING, false).unwrap();
-    let (sqp, c) = thread::scope(|s| {
-        let srv = s.spawn(|| {
-            let inc = listener.next().unwrap().unwrap();
-            let local = LocalSetup {
-                ring: &s_ring,
-                max_message: 1024,
-                timeout: Duration::from_secs(10),
-            };
-            let mut c = server.accept(inc, local).unwrap();
-            c.qp.established().unwrap();
-            c
-        });
-        let local = LocalSetup {
-            ring: &c_ring,
-            max_message: 2048,
-            timeout: Duration::from_secs(10),
-        };
-        let c = client.connect(&url, local).unwrap();
-        (srv.join().unwrap(), c)
-    });
-    assert_eq!(
-        sqp.peer.max_message, 2048,
-        "server learns the client's limit"
-    );
-    assert_eq!(c.peer.max_message, 1024, "client learns the server's limit");
+    let (sqp, s_ring, cqp, s_peer) = connect(&server, &listener, &client, &c_ring);
     Pair {
         server,
         client,
-        sqp: sqp.qp,
-        cqp: c.qp,
+        sqp,
+        cqp,
         s_ring,
         c_ring,
-        s_peer: c.peer,
+        s_peer,
         staging,
         listener,
     }
@@ -259,7 +235,7 @@ pub(crate) fn below_the_start(p: &PeerRing) -> (u64, u32) {
 pub(crate) fn connections_share_one_srq<F: Fabric>(p: Pair<F>, second_client: F) {
     let ring2 = second_client.register(RING, true).unwrap();
     let staging2 = second_client.register(RING, false).unwrap();
-    let (sqp2, mut cqp2, peer2) = connect(&p.server, &p.listener, &second_client, &ring2);
+    let (sqp2, _s_ring2, mut cqp2, peer2) = connect(&p.server, &p.listener, &second_client, &ring2);
     let mut cqp1 = p.cqp;
     p.server.post_recv(2).unwrap();
     p.staging.write(0, 8, |b| b.fill(1));
