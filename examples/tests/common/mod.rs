@@ -46,92 +46,70 @@ pub fn mem_url(path: &str) -> String {
     format!("mem://{}", path.replace("::", "."))
 }
 
-/// Runs `body` once per fabric: a module named after the test with one
-/// `#[test]` per fabric (`mem`, `tcp`, and `rdma`, ignored unless asked
-/// for: see [`RDMA_URL_VAR`]). The body gets the URL to serve on and runs under a watchdog.
-/// Adding a fabric is one line here.
-macro_rules! on_every_fabric {
-    ($(#[$meta:meta])* fn $name:ident($url:ident: &str) $body:block) => {
+/// Generates a module named after the test with `fn run(url)` and one
+/// `#[test]` per listed fabric, each running `run` under a watchdog. The
+/// `rdma` test is ignored unless asked for (see [`RDMA_URL_VAR`]). Adding a
+/// fabric is one arm of `fabric_test!`.
+macro_rules! fabric_tests {
+    ([$($fabric:ident),*] $(#[$meta:meta])* fn $name:ident($url:ident: &str) $body:block) => {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
 
             fn run($url: &str) $body
 
-            $(#[$meta])*
-            #[test]
-            fn mem() {
-                let url = $crate::common::mem_url(module_path!());
-                $crate::common::watchdog(move || run(&url));
-            }
-
-            $(#[$meta])*
-            #[test]
-            fn tcp() {
-                $crate::common::watchdog(|| run($crate::common::TCP_ANY));
-            }
-
-            $(#[$meta])*
-            #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
-            #[test]
-            fn rdma() {
-                let url = $crate::common::rdma_url();
-                $crate::common::watchdog(move || run(&url));
-            }
+            fabric_test!(@each [$($fabric)*] [$(#[$meta])*]);
         }
     };
 }
 
-/// Like [`on_every_fabric`], for fabrics that reach other processes (no `mem`).
-macro_rules! on_network_fabrics {
-    ($(#[$meta:meta])* fn $name:ident($url:ident: &str) $body:block) => {
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            fn run($url: &str) $body
-
-            $(#[$meta])*
-            #[test]
-            fn tcp() {
-                $crate::common::watchdog(|| run($crate::common::TCP_ANY));
-            }
-
-            $(#[$meta])*
-            #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
-            #[test]
-            fn rdma() {
-                let url = $crate::common::rdma_url();
-                $crate::common::watchdog(move || run(&url));
-            }
+/// One fabric's `#[test]` inside a [`fabric_tests!`] module.
+macro_rules! fabric_test {
+    (@each [] $attrs:tt) => {};
+    (@each [$first:ident $($rest:ident)*] $attrs:tt) => {
+        fabric_test!($first $attrs);
+        fabric_test!(@each [$($rest)*] $attrs);
+    };
+    (mem [$(#[$meta:meta])*]) => {
+        $(#[$meta])*
+        #[test]
+        fn mem() {
+            let url = $crate::common::mem_url(module_path!());
+            $crate::common::watchdog(move || run(&url));
         }
     };
+    (tcp [$(#[$meta:meta])*]) => {
+        $(#[$meta])*
+        #[test]
+        fn tcp() {
+            $crate::common::watchdog(|| run($crate::common::TCP_ANY));
+        }
+    };
+    (rdma [$(#[$meta:meta])*]) => {
+        $(#[$meta])*
+        #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+        #[test]
+        fn rdma() {
+            let url = $crate::common::rdma_url();
+            $crate::common::watchdog(move || run(&url));
+        }
+    };
+}
+
+/// Runs the test body once per fabric: `mem`, `tcp` and `rdma`.
+macro_rules! on_every_fabric {
+    ($($t:tt)*) => { fabric_tests!([mem, tcp, rdma] $($t)*); };
+}
+
+/// Like [`on_every_fabric`], for fabrics that reach other processes (no `mem`).
+macro_rules! on_network_fabrics {
+    ($($t:tt)*) => { fabric_tests!([tcp, rdma] $($t)*); };
 }
 
 /// Like [`on_every_fabric`], for tests that drive the software fabric's
 /// public API directly (`mem` and `tcp` only).
 macro_rules! on_soft_fabrics {
-    ($(#[$meta:meta])* fn $name:ident($url:ident: &str) $body:block) => {
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            fn run($url: &str) $body
-
-            $(#[$meta])*
-            #[test]
-            fn mem() {
-                let url = $crate::common::mem_url(module_path!());
-                $crate::common::watchdog(move || run(&url));
-            }
-
-            $(#[$meta])*
-            #[test]
-            fn tcp() {
-                $crate::common::watchdog(|| run($crate::common::TCP_ANY));
-            }
-        }
-    };
+    ($($t:tt)*) => { fabric_tests!([mem, tcp] $($t)*); };
 }
 
 /// How long a whole test may take.
