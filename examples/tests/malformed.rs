@@ -445,6 +445,7 @@ mod tcp_wire {
             psn: 0,
             lid: 0,
             gid: [0; 16],
+            mtu: 0,
             ring: PeerRing {
                 addr: 0x1000,
                 len: ring_len,
@@ -573,6 +574,7 @@ mod stalled_peer {
                     psn: 0,
                     lid: 0,
                     gid: [0; 16],
+                    mtu: 0,
                     ring: PeerRing {
                         addr: 0x1000,
                         len: ring,

@@ -42,6 +42,9 @@ pub struct Hello {
     pub lid: u16,
     /// Port GID.
     pub gid: [u8; 16],
+    /// Active path MTU as an `ibv_mtu` value (1 = 256 .. 5 = 4096); 0 when
+    /// not applicable. Both sides use the smaller.
+    pub mtu: u8,
     /// The receive ring the peer writes into.
     pub ring: PeerRing,
 }
@@ -53,6 +56,7 @@ impl Hello {
         b[0..8].copy_from_slice(MAGIC);
         b[8..10].copy_from_slice(&HELLO_VERSION.to_le_bytes());
         b[10] = self.fabric as u8;
+        b[11] = self.mtu;
         b[12..16].copy_from_slice(&self.qp_num.to_le_bytes());
         b[16..20].copy_from_slice(&self.psn.to_le_bytes());
         b[20..22].copy_from_slice(&self.lid.to_le_bytes());
@@ -74,6 +78,9 @@ impl Hello {
             return Err(format!(
                 "peer speaks handshake version {version}, this build speaks {HELLO_VERSION}"
             ));
+        }
+        if b[11] > 5 {
+            return Err(format!("peer announced an invalid path MTU code {}", b[11]));
         }
         if b[10] != fabric as u8 {
             return Err(format!(
@@ -112,6 +119,7 @@ impl Hello {
             psn,
             lid: u16::from_le_bytes([b[20], b[21]]),
             gid: b[24..40].try_into().expect("16 bytes"),
+            mtu: b[11],
             ring,
         })
     }
@@ -229,6 +237,7 @@ mod tests {
             psn: 0x12_3456,
             lid: 3,
             gid: [7; 16],
+            mtu: 3,
             ring: PeerRing {
                 addr: 0x7f00_0000_0000,
                 len: 1 << 20,

@@ -149,7 +149,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         // with RNR errors.
         let recvs = u32::try_from((self.config.ring_size + peer_cap) / ALIGN)
             .map_err(|_| Status::resource_exhausted("rings too large to provision receives"))?;
-        let mut conn = Conn::new(c, recv, staging, self.config.max_backlog)?;
+        let mut conn = Conn::new(recv, staging, self.config.max_backlog, c)?;
         conn.recvs = recvs;
         self.fabric.post_recv(recvs)?;
         let conn = Arc::new(conn);
@@ -425,12 +425,23 @@ pub(crate) struct Conn<F: Fabric> {
     recvs: u32,
 }
 
+/// The queue pair goes first, whatever path drops a connection: the device
+/// must stop using the rings and staging area before they are deregistered.
+impl<F: Fabric> Drop for Conn<F> {
+    fn drop(&mut self) {
+        let send = self.send.get_mut().unwrap_or_else(|e| e.into_inner());
+        send.qp = None;
+    }
+}
+
 impl<F: Fabric> Conn<F> {
+    /// `c` comes last so that, on an error return, the queue pair it holds is
+    /// dropped before the regions (parameters drop in reverse order).
     fn new(
-        c: Connected<F::Qp>,
         recv_region: F::Region,
         staging: F::Region,
         max_backlog: usize,
+        c: Connected<F::Qp>,
     ) -> Result<Conn<F>, Status> {
         let cap = recv_region.len();
         let ring_err = |e: crate::protocol::RingError| Status::internal(format!("ring: {e}"));

@@ -282,6 +282,7 @@ fn local_hello(qp_num: u32, local: &LocalSetup<'_, SoftRegion>) -> Hello {
         psn: 0,
         lid: 0,
         gid: [0; 16],
+        mtu: 0,
         ring: PeerRing {
             addr: local.ring.addr(),
             len: local.ring.len() as u64,

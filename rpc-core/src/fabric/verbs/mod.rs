@@ -69,6 +69,14 @@ fn no_device(why: impl Into<String>) -> FabricError {
     }
 }
 
+/// The GID's type as the kernel names it ("IB/RoCE v1", "RoCE v2").
+fn gid_type(device: &str, port: u8, index: u8) -> Option<String> {
+    let path = format!("/sys/class/infiniband/{device}/ports/{port}/gid_attrs/types/{index}");
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|t| t.trim().to_owned())
+}
+
 fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
     gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
 }
@@ -145,9 +153,17 @@ fn choose(url: &FabricUrl) -> Result<(Context, DeviceChoice), FabricError> {
                         .filter_map(|i| ctx.query_gid(port, i).ok().map(|g| (i as u8, g)))
                         .filter(|(_, g)| g.iter().any(|&b| b != 0))
                         .collect();
+                    // RoCE v2 first (routable), IPv4-mapped first among those.
+                    let v2 = |i: u8| {
+                        ethernet
+                            && gid_type(&ctx.name, port, i)
+                                .is_some_and(|t| t.eq_ignore_ascii_case("RoCE v2"))
+                    };
                     let pick = gids
                         .iter()
-                        .find(|(_, g)| ethernet && is_ipv4_mapped(g))
+                        .find(|(i, g)| v2(*i) && is_ipv4_mapped(g))
+                        .or_else(|| gids.iter().find(|(i, _)| v2(*i)))
+                        .or_else(|| gids.iter().find(|(_, g)| ethernet && is_ipv4_mapped(g)))
                         .or(gids.first());
                     match pick {
                         Some((i, _)) => *i,
@@ -221,6 +237,8 @@ struct Inner {
     ctx: Arc<Context>,
     side: Arc<Side>,
     srq_depth: u32,
+    /// Receives a failed post left unposted, retried at the next poll.
+    srq_deficit: std::sync::atomic::AtomicU32,
 }
 
 /// A verbs device context with its SRQ and CQs; see the module docs.
@@ -241,7 +259,11 @@ fn set_nonblocking(fd: i32, op: &'static str) -> Result<(), FabricError> {
     // SAFETY: fcntl on a file descriptor we own; no pointers involved.
     let rc = unsafe {
         let flags = libc::fcntl(fd, libc::F_GETFL);
-        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+        if flags < 0 {
+            flags
+        } else {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+        }
     };
     if rc < 0 {
         return Err(FabricError::io(op, std::io::Error::last_os_error()));
@@ -264,7 +286,7 @@ impl VerbsFabric {
         let recv_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
         let send_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
         let srq = Arc::new(Srq::new(pd.clone(), srq_depth)?);
-        srq.post_zero_length(srq_depth)?;
+        srq.post_zero_length(srq_depth).map_err(|(_, e)| e)?;
         // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
         let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if wake_fd < 0 {
@@ -286,6 +308,7 @@ impl VerbsFabric {
                 ctx,
                 side,
                 srq_depth,
+                srq_deficit: 0.into(),
             }),
         })
     }
@@ -323,13 +346,27 @@ impl VerbsFabric {
                     },
                 },
             };
-            let kind = if recv {
-                CompletionKind::RecvImm {
-                    imm: wc.imm_data().map_or(0, u32::from_be),
-                    byte_len: wc.len() as u32,
-                }
+            let (kind, status) = if recv {
+                // Only RDMA WRITE WITH IMMEDIATE is expected on the SRQ: a
+                // receive without an immediate is a peer breaking the protocol.
+                let imm = wc.imm_data().map(u32::from_be);
+                let status = if status == WcStatus::Success
+                    && (imm.is_none()
+                        || wc.opcode() != ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM)
+                {
+                    WcStatus::Other { vendor: u32::MAX }
+                } else {
+                    status
+                };
+                (
+                    CompletionKind::RecvImm {
+                        imm: imm.unwrap_or(0),
+                        byte_len: wc.len() as u32,
+                    },
+                    status,
+                )
             } else {
-                CompletionKind::Send
+                (CompletionKind::Send, status)
             };
             out.push(Completion {
                 wr_id: wc.wr_id(),
@@ -385,6 +422,7 @@ impl VerbsFabric {
             qp_num: qp.qp_num(),
             psn,
             lid: self.inner.choice.lid,
+            mtu: self.inner.choice.mtu as u8,
             gid: self.inner.choice.gid,
             ring: PeerRing {
                 addr: local.ring.addr(),
@@ -426,14 +464,19 @@ impl VerbsFabric {
         // SAFETY: plain old data; zero is valid.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
-        a.path_mtu = c.mtu;
+        // Both ends must agree on a path MTU the smaller netdev carries.
+        a.path_mtu = if peer.mtu == 0 {
+            c.mtu
+        } else {
+            c.mtu.min(peer.mtu as ffi::ibv_mtu)
+        };
         a.dest_qp_num = peer.qp_num;
         a.rq_psn = peer.psn;
         a.max_dest_rd_atomic = 1;
         a.min_rnr_timer = 12;
         a.ah_attr.port_num = c.port;
         a.ah_attr.dlid = peer.lid;
-        if c.ethernet || peer.gid.iter().any(|&b| b != 0) && peer.lid == 0 {
+        if c.ethernet || (peer.lid == 0 && peer.gid.iter().any(|&b| b != 0)) {
             a.ah_attr.is_global = 1;
             a.ah_attr.grh.dgid.raw = peer.gid;
             a.ah_attr.grh.sgid_index = c.gid_index;
@@ -526,8 +569,13 @@ struct Watcher {
 impl Watcher {
     fn run(mut self) {
         let mut buf = [0u8; 64];
-        // The peer never sends after the handshake: any read result ends it.
-        let _ = self.stream.read(&mut buf);
+        // The peer never sends after the handshake: any read result but an
+        // interrupted one ends it.
+        while let Err(e) = self.stream.read(&mut buf) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+        }
         if !self.dead.swap(true, Ordering::AcqRel) {
             tracing::debug!(qp_num = self.qp_num, "peer closed its liveness connection");
             self.side.push(Completion {
@@ -565,32 +613,89 @@ impl Region for VerbsRegion {
     fn rkey(&self) -> u32 {
         self.mr.rkey()
     }
+    /// Memory peers may write (receive rings) is copied out with volatile
+    /// loads and `f` sees the copy, so a peer writing concurrently (against
+    /// the protocol) can change what we copy but never a value after we
+    /// checked it. Local-only memory (staging) is lent directly, under the
+    /// region's lock.
     fn read<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        assert!(
-            offset
-                .checked_add(len)
-                .is_some_and(|end| end <= self.mr.len),
-            "read out of region bounds"
-        );
-        // SAFETY: in bounds of the owned buffer. The protocol gives the reader
-        // these bytes: the peer wrote them before the doorbell it polled
-        // (ibv_poll_cq orders the DMA before the completion) and writes them
-        // again only after they are released. A peer that ignores that can
-        // only change bytes we then validate, never memory outside the buffer.
-        f(unsafe { std::slice::from_raw_parts(self.mr.buf.as_ptr().add(offset), len) })
+        self.check_bounds(offset, len);
+        let _guard = self.mr.access.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: in bounds of the owned buffer (checked above).
+        let src = unsafe { self.mr.buf.as_ptr().add(offset) };
+        if self.mr.remote_write {
+            let mut copy = vec![0u8; len];
+            // SAFETY: `src` is valid for `len` bytes; volatile loads tolerate
+            // the device writing them concurrently.
+            unsafe { volatile_copy_from(src, &mut copy) };
+            f(&copy)
+        } else {
+            // SAFETY: the device never writes local-only memory, and the lock
+            // keeps every `&mut` view from `write` away while this one lives.
+            f(unsafe { std::slice::from_raw_parts(src, len) })
+        }
     }
+
+    /// Local-only memory (staging) is lent as `&mut` under the region's lock;
+    /// the device only reads it (for writes posted earlier, whose bytes the
+    /// protocol no longer reuses until the peer released them). Memory peers
+    /// may write is written through a copy with volatile stores.
     fn write<R>(&self, offset: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        self.check_bounds(offset, len);
+        let _guard = self.mr.access.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: in bounds of the owned buffer (checked above).
+        let dst = unsafe { self.mr.buf.as_ptr().add(offset) };
+        if self.mr.remote_write {
+            let mut copy = vec![0u8; len];
+            let r = f(&mut copy);
+            for (i, b) in copy.iter().enumerate() {
+                // SAFETY: `dst` is valid for `len` bytes.
+                unsafe { dst.add(i).write_volatile(*b) };
+            }
+            r
+        } else {
+            // SAFETY: in bounds; the lock makes this the only view of the
+            // buffer from Rust while it lives, and the device does not write
+            // local-only memory.
+            f(unsafe { std::slice::from_raw_parts_mut(dst, len) })
+        }
+    }
+}
+
+impl VerbsRegion {
+    fn check_bounds(&self, offset: usize, len: usize) {
         assert!(
             offset
                 .checked_add(len)
                 .is_some_and(|end| end <= self.mr.len),
-            "write out of region bounds"
+            "access out of region bounds"
         );
-        // SAFETY: in bounds of the owned buffer. Writes go to staging bytes
-        // whose previous frame the peer has released, so no posted work
-        // request still reads them; callers hold the connection's send lock,
-        // so no other thread writes them.
-        f(unsafe { std::slice::from_raw_parts_mut(self.mr.buf.as_ptr().add(offset), len) })
+    }
+}
+
+/// Copies `dst.len()` bytes from `src` with volatile loads (8 bytes at a time
+/// where aligned).
+///
+/// # Safety
+/// `src` must be valid for reads of `dst.len()` bytes.
+unsafe fn volatile_copy_from(src: *const u8, dst: &mut [u8]) {
+    let len = dst.len();
+    let mut i = 0;
+    while i < len && (src as usize + i) % 8 != 0 {
+        // SAFETY: `i < len`: within the bytes the caller vouches for.
+        dst[i] = unsafe { src.add(i).read_volatile() };
+        i += 1;
+    }
+    while i + 8 <= len {
+        // SAFETY: `i + 8 <= len`, and `src + i` is 8-aligned after the loop above.
+        let word = unsafe { src.add(i).cast::<u64>().read_volatile() };
+        dst[i..i + 8].copy_from_slice(&word.to_ne_bytes());
+        i += 8;
+    }
+    while i < len {
+        // SAFETY: `i < len`: within the bytes the caller vouches for.
+        dst[i] = unsafe { src.add(i).read_volatile() };
+        i += 1;
     }
 }
 
@@ -742,10 +847,13 @@ impl Fabric for VerbsFabric {
         }
         if n < max {
             let got = self.poll_cq(&self.inner.recv_cq, true, out, max - n);
-            // Every receive completion used up one posted receive: replace it.
-            if got > 0 {
-                if let Err(e) = self.inner.srq.post_zero_length(got as u32) {
-                    tracing::error!(error = %e, "cannot replenish the shared receive queue");
+            // Every receive completion used up one posted receive: replace
+            // it, with any a failed post left owing.
+            let owed = got as u32 + self.inner.srq_deficit.swap(0, Ordering::AcqRel);
+            if owed > 0 {
+                if let Err((missing, e)) = self.inner.srq.post_zero_length(owed) {
+                    self.inner.srq_deficit.fetch_add(missing, Ordering::AcqRel);
+                    tracing::error!(error = %e, missing, "cannot replenish the shared receive queue; will retry");
                 }
             }
             n += got;
@@ -760,8 +868,11 @@ impl Fabric for VerbsFabric {
         let i = &self.inner;
         // Arm both CQs, then look once more: a completion that arrived before
         // arming raised no event.
-        if i.recv_cq.arm().is_err() || i.send_cq.arm().is_err() {
-            return;
+        // If arming fails (a CQ in error), still sleep below, bounded by the
+        // timeout, rather than spin; async events report the error.
+        let armed = i.recv_cq.arm().and_then(|()| i.send_cq.arm());
+        if let Err(e) = &armed {
+            tracing::error!(error = %e, "cannot arm a completion queue");
         }
         let mut probe = Vec::new();
         if self.poll(&mut probe, 1) > 0 {

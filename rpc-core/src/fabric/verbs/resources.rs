@@ -18,9 +18,10 @@ fn rc_error(op: &'static str, rc: i32) -> FabricError {
     let code = if rc > 0 {
         rc
     } else {
-        std::io::Error::last_os_error()
+        let errno = std::io::Error::last_os_error()
             .raw_os_error()
-            .unwrap_or(-rc)
+            .filter(|&e| e != 0);
+        errno.unwrap_or(if rc < 0 { -rc } else { libc::EIO })
     };
     FabricError::io(op, std::io::Error::from_raw_os_error(code))
 }
@@ -71,9 +72,10 @@ impl Context {
     pub(super) fn query_port(&self, port: u8) -> Result<ffi::ibv_port_attr, FabricError> {
         // SAFETY: plain old data; zeroed as verbs.h's ___ibv_query_port does.
         let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the exported ibv_query_port fills a full ibv_port_attr (the
-        // compat type is its prefix), exactly as the static inline wrapper in
-        // verbs.h calls it; the context is open and `attr` is valid.
+        // SAFETY: the exported ibv_query_port writes the compat prefix of an
+        // ibv_port_attr (every field used here lies in it; the rest stays
+        // zeroed), as verbs.h's static inline wrapper calls it; the context is
+        // open and `attr` is valid and larger than that prefix.
         let rc = unsafe {
             ffi::ibv_query_port(
                 self.as_ptr(),
@@ -284,8 +286,9 @@ impl Srq {
         })
     }
 
-    /// Posts `count` zero-length receives (write-with-imm places no data in them).
-    pub(super) fn post_zero_length(&self, mut count: u32) -> Result<(), FabricError> {
+    /// Posts `count` zero-length receives (write-with-imm places no data in
+    /// them). On failure, says how many were not posted, with the error.
+    pub(super) fn post_zero_length(&self, mut count: u32) -> Result<(), (u32, FabricError)> {
         // SAFETY: plain old data; a zeroed recv WR with no SGE is a valid zero-length receive.
         let mut wrs: [ffi::ibv_recv_wr; RECV_BATCH] = unsafe { std::mem::zeroed() };
         while count > 0 {
@@ -305,13 +308,24 @@ impl Srq {
             // table entry, as here. The SRQ is alive and the chain of `n`
             // WRs lives on this stack frame for the call (verbs copies them).
             let rc = unsafe {
-                let post = (*(*srq).context).ops.post_srq_recv.ok_or_else(|| {
-                    FabricError::invalid("ibv_post_srq_recv", "provider has no post_srq_recv")
-                })?;
+                let Some(post) = (*(*srq).context).ops.post_srq_recv else {
+                    return Err((
+                        count,
+                        FabricError::invalid("ibv_post_srq_recv", "provider has no post_srq_recv"),
+                    ));
+                };
                 post(srq, wrs.as_mut_ptr(), &mut bad)
             };
             if rc != 0 {
-                return Err(rc_error("ibv_post_srq_recv", rc));
+                // The work requests before `bad` were posted.
+                let posted = if bad.is_null() {
+                    0
+                } else {
+                    // SAFETY: on failure `bad` points into the `wrs` array passed above.
+                    unsafe { bad.cast_const().offset_from(wrs.as_ptr()) }.clamp(0, n as isize)
+                        as u32
+                };
+                return Err((count - posted, rc_error("ibv_post_srq_recv", rc)));
             }
             count -= n as u32;
         }
@@ -331,6 +345,10 @@ pub(super) struct Mr {
     pub(super) ptr: NonNull<ffi::ibv_mr>,
     pub(super) buf: NonNull<u8>,
     pub(super) len: usize,
+    /// Whether peers may write here (then only volatile copies touch it).
+    pub(super) remote_write: bool,
+    /// Serializes local access, so a `&mut` view never aliases another view.
+    pub(super) access: std::sync::Mutex<()>,
     layout: Layout,
     _pd: Arc<Pd>,
 }
@@ -363,6 +381,8 @@ impl Mr {
                 ptr,
                 buf,
                 len,
+                remote_write,
+                access: std::sync::Mutex::new(()),
                 layout,
                 _pd: pd,
             }),
@@ -388,13 +408,18 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: deregister first so the device stops using the memory, then
-        // free it. Queue pairs that could still post from it are destroyed
-        // before their connection's regions (see dispatch::Conn).
-        unsafe {
-            ffi::ibv_dereg_mr(self.ptr.as_ptr());
-            std::alloc::dealloc(self.buf.as_ptr(), self.layout);
+        // SAFETY: deregister first so the device stops using the memory. Queue
+        // pairs that could still post from it are destroyed before their
+        // connection's regions (see dispatch::Conn).
+        let rc = unsafe { ffi::ibv_dereg_mr(self.ptr.as_ptr()) };
+        if rc != 0 {
+            // The device may still reach the buffer: leak it rather than free it.
+            let e = rc_error("ibv_dereg_mr", rc);
+            tracing::error!(error = %e, "leaking a buffer the device may still use");
+            return;
         }
+        // SAFETY: allocated in `new` with this layout; the device no longer uses it.
+        unsafe { std::alloc::dealloc(self.buf.as_ptr(), self.layout) };
     }
 }
 
