@@ -10,6 +10,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -204,6 +205,18 @@ impl Channel {
     fn cancel(&self, id: CallId) {
         with_client!(&self.inner.client, c => c.cancel(id))
     }
+
+    /// Handles completions on this thread while `slot` waits, for a while.
+    fn poll_for(&self, slot: &CallSlot) {
+        with_client!(&self.inner.client, c => {
+            c.ep.poll_until(|| slot.is_done(), || !c.ep.role.calls().is_empty());
+        })
+    }
+
+    /// Makes sure someone handles completions while a call waits.
+    fn ensure_polled(&self) {
+        with_client!(&self.inner.client, c => c.ep.ensure_polled())
+    }
 }
 
 impl<F: Fabric> Client<F> {
@@ -387,6 +400,9 @@ struct RawReply {
 enum SlotState {
     #[default]
     Waiting,
+    /// A thread sleeps on the condition variable.
+    Blocked,
+    /// A task waits for this waker.
     Parked(Waker),
     Done(Result<RawReply, Status>),
     Taken,
@@ -397,26 +413,33 @@ enum SlotState {
 struct CallSlot {
     state: Mutex<SlotState>,
     cond: Condvar,
+    /// Set once the outcome is in: lets a polling caller check cheaply.
+    done: AtomicBool,
 }
 
 impl CallSlot {
     fn complete(&self, result: Result<RawReply, Status>) {
-        let waker = {
+        let prev = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             match std::mem::replace(&mut *state, SlotState::Done(result)) {
-                SlotState::Parked(w) => Some(w),
-                SlotState::Waiting => None,
                 // Already completed (deadline raced a response): keep the first outcome.
                 prev @ (SlotState::Done(_) | SlotState::Taken) => {
                     *state = prev;
-                    None
+                    return;
                 }
+                prev => prev,
             }
         };
-        self.cond.notify_all();
-        if let Some(w) = waker {
-            w.wake();
+        self.done.store(true, Ordering::Release);
+        match prev {
+            SlotState::Blocked => self.cond.notify_all(),
+            SlotState::Parked(w) => w.wake(),
+            _ => {}
         }
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
     }
 
     fn wait(&self) -> Result<RawReply, Status> {
@@ -425,8 +448,8 @@ impl CallSlot {
             match std::mem::replace(&mut *state, SlotState::Taken) {
                 SlotState::Done(r) => return r,
                 SlotState::Taken => return Err(Status::internal("call result already taken")),
-                other => {
-                    *state = other;
+                _ => {
+                    *state = SlotState::Blocked;
                     state = self.cond.wait(state).unwrap_or_else(|e| e.into_inner());
                 }
             }
@@ -442,7 +465,7 @@ impl CallSlot {
                 *state = SlotState::Parked(w);
                 Poll::Pending
             }
-            SlotState::Parked(_) | SlotState::Waiting => {
+            SlotState::Parked(_) | SlotState::Waiting | SlotState::Blocked => {
                 *state = SlotState::Parked(cx.waker().clone());
                 Poll::Pending
             }
@@ -494,9 +517,15 @@ fn decode_reply<T: prost::Message + Default>(
 
 impl<T: prost::Message + Default> UnaryCall<T> {
     /// Blocks the current thread until the response arrives.
+    ///
+    /// While it waits, the thread first handles completions itself for a
+    /// short while (the channel's spin time), so a quick response reaches it
+    /// without a hand-off from the poller thread; then it sleeps.
     pub fn wait(mut self) -> Result<Response<T>, Status> {
         let slot = self.slot.take().expect("slot present until completion");
-        self.canceller = None;
+        if let Some(channel) = self.canceller.take() {
+            channel.poll_for(&slot);
+        }
         decode_reply(slot.wait())
     }
 }
@@ -514,7 +543,12 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                 self.canceller = None;
                 Poll::Ready(decode_reply(r))
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if let Some(channel) = &self.canceller {
+                    channel.ensure_polled();
+                }
+                Poll::Pending
+            }
         }
     }
 }

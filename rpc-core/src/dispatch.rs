@@ -12,13 +12,17 @@ use crate::protocol::{
 use crate::{Metadata, Status};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
 /// One signaled write every this many, to reclaim send-queue entries.
 pub(crate) const SIGNAL_EVERY: usize = 16;
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 64;
+/// Longest the poller thread naps while a caller polls in its place: a bound
+/// on how late it notices that nobody polls any more, should every wake-up
+/// meant for it be missed.
+const CALLER_POLL_NAP: Duration = Duration::from_millis(1);
 /// Largest peer receive ring accepted (unless the local ring is larger):
 /// each connection stages its outgoing frames in a mirror of the peer's ring.
 const MAX_PEER_RING: usize = 64 << 20;
@@ -87,12 +91,33 @@ pub(crate) trait Role<F: Fabric>: Send + Sync + Sized + 'static {
     fn on_tick(&self, ep: &Endpoint<F, Self>, now: Instant) -> Option<Instant>;
 }
 
+/// What one turn of the completion queue works with. Whoever polls holds it,
+/// so completions are handled by one thread at a time, in order.
+struct PollState<F: Fabric> {
+    batch: Vec<Completion>,
+    touched: Vec<Arc<Conn<F>>>,
+    /// Receives consumed and not yet replaced.
+    consumed_recvs: u32,
+}
+
 /// A fabric context, its connections, and what to do with their frames.
+///
+/// The completion queue is turned by whoever holds `poll`: normally the
+/// poller thread ([`Endpoint::run`]), but a caller blocked on its own
+/// response may take it ([`Endpoint::poll_until`]) and handle completions
+/// on its own thread, which saves two thread hand-offs per call. Meanwhile
+/// the poller thread naps, and is woken when the caller stops polling while
+/// others still wait.
 pub(crate) struct Endpoint<F: Fabric, R> {
     pub fabric: F,
     pub config: Config,
     pub role: R,
     conns: RwLock<HashMap<u32, Arc<Conn<F>>>>,
+    poll: Mutex<PollState<F>>,
+    /// The poller thread, once it runs.
+    poller: OnceLock<std::thread::Thread>,
+    /// Whether the poller thread is napping because a caller polls.
+    poller_napping: AtomicBool,
     stop: AtomicBool,
     /// When the poller plans to wake (ns since `epoch`; 0 while awake).
     planned_wake: AtomicU64,
@@ -112,6 +137,13 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             config,
             role,
             conns: RwLock::new(HashMap::new()),
+            poll: Mutex::new(PollState {
+                batch: Vec::with_capacity(POLL_BATCH),
+                touched: Vec::new(),
+                consumed_recvs: 0,
+            }),
+            poller: OnceLock::new(),
+            poller_napping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             planned_wake: AtomicU64::new(0),
             timer_hint: AtomicU64::new(u64::MAX),
@@ -225,6 +257,21 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.fabric.interrupt();
+        self.unpark_poller();
+    }
+
+    fn unpark_poller(&self) {
+        if let Some(t) = self.poller.get() {
+            t.unpark();
+        }
+    }
+
+    /// Makes sure the poller thread polls if no caller does: called before
+    /// a caller waits for a response without polling itself.
+    pub(crate) fn ensure_polled(&self) {
+        if self.poller_napping.load(Ordering::SeqCst) {
+            self.unpark_poller();
+        }
     }
 
     fn nanos(&self, at: Instant) -> u64 {
@@ -239,6 +286,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         if planned != 0 && at < planned {
             self.fabric.interrupt();
         }
+        self.ensure_polled();
     }
 
     /// Runs the role's timers if due (or if someone asked); returns the next tick.
@@ -253,51 +301,136 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             .unwrap_or(now + Duration::from_secs(3600))
     }
 
-    /// The poller: spin briefly on an empty queue, then block.
+    /// Polls the completion queue once and handles what it held; returns
+    /// how many completions that was.
+    fn turn(self: &Arc<Self>, st: &mut PollState<F>) -> usize {
+        let PollState {
+            batch,
+            touched,
+            consumed_recvs,
+        } = st;
+        batch.clear();
+        let n = self.fabric.poll(batch, POLL_BATCH);
+        if n == 0 {
+            if *consumed_recvs > 0 && self.replenish(*consumed_recvs).is_ok() {
+                *consumed_recvs = 0;
+            }
+            return 0;
+        }
+        for c in batch.iter() {
+            if let CompletionKind::RecvImm { .. } = c.kind {
+                *consumed_recvs += 1;
+            }
+            self.handle(c, touched);
+        }
+        for conn in touched.drain(..) {
+            conn.after_batch();
+            if let Some(why) = conn.take_failure() {
+                self.close(&conn, &why);
+            }
+        }
+        // Keep the SRQ stocked well above what is in flight.
+        if *consumed_recvs >= self.config.srq_depth / 4 {
+            match self.replenish(*consumed_recvs) {
+                Ok(()) => *consumed_recvs = 0,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot replenish the shared receive queue")
+                }
+            }
+        }
+        n
+    }
+
+    /// Takes the completion queue from the calling thread until `done()`
+    /// holds or it has been idle for the spin time; returns `done()`.
+    /// Returns at once (false unless done) if another thread is polling.
+    ///
+    /// `others_waiting()` tells, once this thread stops polling, whether
+    /// anyone else still needs completions handled: then the poller thread
+    /// is woken to take over.
+    pub(crate) fn poll_until(
+        self: &Arc<Self>,
+        done: impl Fn() -> bool,
+        others_waiting: impl FnOnce() -> bool,
+    ) -> bool {
+        let mut st = match self.poll.try_lock() {
+            Ok(st) => st,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return done(),
+        };
+        let mut idle_since = None;
+        let finished = loop {
+            if done() {
+                break true;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                break false;
+            }
+            if self.turn(&mut st) > 0 {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            if now.duration_since(*idle_since.get_or_insert(now)) >= self.config.spin {
+                break done();
+            }
+            // Let a thread that delivers completions (a tcp:// reader) run
+            // if it shares this core.
+            std::thread::yield_now();
+        };
+        drop(st);
+        if !finished || others_waiting() {
+            self.ensure_polled();
+        }
+        finished
+    }
+
+    /// The poller: spin briefly on an empty queue, then block. While a
+    /// caller polls in its place, nap.
     pub(crate) fn run(self: &Arc<Self>) {
-        let mut batch = Vec::with_capacity(POLL_BATCH);
-        let mut touched: Vec<Arc<Conn<F>>> = Vec::new();
-        let mut consumed_recvs: u32 = 0;
+        let _ = self.poller.set(std::thread::current());
         let mut idle_since: Option<Instant> = None;
         let mut next_tick = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
-            batch.clear();
-            if self.fabric.poll(&mut batch, POLL_BATCH) > 0 {
+            let mut st = match self.poll.try_lock() {
+                Ok(st) => st,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    // A caller polls for its response. Say so, then look once
+                    // more: it may have stopped before seeing the flag.
+                    self.poller_napping.store(true, Ordering::SeqCst);
+                    if let Ok(st) = self.poll.try_lock() {
+                        self.poller_napping.store(false, Ordering::SeqCst);
+                        drop(st);
+                        continue;
+                    }
+                    let now = Instant::now();
+                    next_tick = self.tick(next_tick, now);
+                    let nap = next_tick
+                        .saturating_duration_since(now)
+                        .clamp(Duration::from_micros(20), CALLER_POLL_NAP);
+                    std::thread::park_timeout(nap);
+                    self.poller_napping.store(false, Ordering::SeqCst);
+                    idle_since = None;
+                    continue;
+                }
+            };
+            if self.turn(&mut st) > 0 {
+                drop(st);
                 idle_since = None;
-                for c in &batch {
-                    if let CompletionKind::RecvImm { .. } = c.kind {
-                        consumed_recvs += 1;
-                    }
-                    self.handle(c, &mut touched);
-                }
-                for conn in touched.drain(..) {
-                    conn.after_batch();
-                    if let Some(why) = conn.take_failure() {
-                        self.close(&conn, &why);
-                    }
-                }
-                // Keep the SRQ stocked well above what is in flight.
-                if consumed_recvs >= self.config.srq_depth / 4 {
-                    if let Err(e) = self.replenish(consumed_recvs) {
-                        tracing::error!(error = %e, "cannot replenish the shared receive queue");
-                    } else {
-                        consumed_recvs = 0;
-                    }
-                }
                 next_tick = self.tick(next_tick, Instant::now());
                 continue;
-            }
-            if consumed_recvs > 0 {
-                let _ = self.replenish(consumed_recvs).map(|()| consumed_recvs = 0);
             }
             let now = Instant::now();
             next_tick = self.tick(next_tick, now);
             let idle = *idle_since.get_or_insert(now);
             if now.duration_since(idle) < self.config.spin {
+                drop(st);
                 std::hint::spin_loop();
                 std::thread::yield_now();
                 continue;
             }
+            // Block, still holding the queue: a fabric's wait may look at it.
             self.planned_wake
                 .store(self.nanos(next_tick).max(1), Ordering::SeqCst);
             // A timer asked for after the tick above but before `planned_wake`
