@@ -206,6 +206,15 @@ impl Channel {
         with_client!(&self.inner.client, c => c.cancel(id))
     }
 
+    /// Takes back what a finished call used: its slot and the buffer its
+    /// response arrived in.
+    fn recycle(&self, slot: Arc<CallSlot>, buf: Vec<u8>) {
+        with_client!(&self.inner.client, c => {
+            c.conn.recycle(buf);
+            c.ep.role.recycle_slot(slot);
+        })
+    }
+
     /// Handles completions on this thread while `slot` waits, for a while.
     fn poll_for(&self, slot: &CallSlot) {
         with_client!(&self.inner.client, c => {
@@ -249,7 +258,7 @@ impl<F: Fabric> Client<F> {
         request: &Request<Req>,
         timeout: Option<Duration>,
     ) -> Result<(CallId, Arc<CallSlot>), Status> {
-        let slot = Arc::new(CallSlot::default());
+        let slot = self.ep.role.take_slot();
         let deadline = timeout.map(|t| Instant::now() + t);
         let id = self.ep.role.calls().insert(slot.clone(), deadline);
         if let Some(at) = deadline {
@@ -304,13 +313,19 @@ fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {
 /// The client's side of the dispatcher: completes calls.
 struct ClientRole<F: Fabric> {
     calls: Mutex<CallTable<Arc<CallSlot>>>,
+    /// Slots of finished calls, for reuse.
+    spare_slots: Mutex<Vec<Arc<CallSlot>>>,
     _f: PhantomData<fn() -> F>,
 }
+
+/// Call slots a channel keeps for reuse.
+const MAX_SPARE_SLOTS: usize = 1024;
 
 impl<F: Fabric> Default for ClientRole<F> {
     fn default() -> Self {
         ClientRole {
             calls: Mutex::new(CallTable::new()),
+            spare_slots: Mutex::new(Vec::new()),
             _f: PhantomData,
         }
     }
@@ -319,6 +334,27 @@ impl<F: Fabric> Default for ClientRole<F> {
 impl<F: Fabric> ClientRole<F> {
     fn calls(&self) -> std::sync::MutexGuard<'_, CallTable<Arc<CallSlot>>> {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_slot(&self) -> Arc<CallSlot> {
+        self.spare_slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Keeps `slot` for another call if nothing else refers to it.
+    fn recycle_slot(&self, mut slot: Arc<CallSlot>) {
+        let Some(s) = Arc::get_mut(&mut slot) else {
+            return;
+        };
+        *s.state.get_mut().unwrap_or_else(|e| e.into_inner()) = SlotState::Waiting;
+        *s.done.get_mut() = false;
+        let mut spare = self.spare_slots.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < MAX_SPARE_SLOTS {
+            spare.push(slot);
+        }
     }
 }
 
@@ -502,11 +538,15 @@ impl<T> UnaryCall<T> {
     }
 }
 
+/// Decodes a response; hands the buffer it arrived in to `recycle`.
 fn decode_reply<T: prost::Message + Default>(
     r: Result<RawReply, Status>,
+    recycle: impl FnOnce(Vec<u8>),
 ) -> Result<Response<T>, Status> {
     let RawReply { metadata, payload } = r?;
-    let message = T::decode(&payload[..]).map_err(|e| {
+    let decoded = T::decode(&payload[..]);
+    recycle(payload);
+    let message = decoded.map_err(|e| {
         Status::internal(format!(
             "response is not a valid {}: {e}",
             std::any::type_name::<T>()
@@ -523,10 +563,20 @@ impl<T: prost::Message + Default> UnaryCall<T> {
     /// without a hand-off from the poller thread; then it sleeps.
     pub fn wait(mut self) -> Result<Response<T>, Status> {
         let slot = self.slot.take().expect("slot present until completion");
-        if let Some(channel) = self.canceller.take() {
-            channel.poll_for(&slot);
+        let Some(channel) = self.canceller.take() else {
+            return decode_reply(slot.wait(), drop);
+        };
+        channel.poll_for(&slot);
+        // Sleep without holding the channel: if its last handle goes away
+        // meanwhile, the call fails `Unavailable` instead of waiting forever.
+        let weak = Arc::downgrade(&channel.inner);
+        drop(channel);
+        let mut buf = Vec::new();
+        let reply = decode_reply(slot.wait(), |b| buf = b);
+        if let Some(inner) = weak.upgrade() {
+            Channel { inner }.recycle(slot, buf);
         }
-        decode_reply(slot.wait())
+        reply
     }
 }
 
@@ -539,9 +589,14 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
         };
         match slot.poll(cx) {
             Poll::Ready(r) => {
-                self.slot = None;
-                self.canceller = None;
-                Poll::Ready(decode_reply(r))
+                let slot = self.slot.take().expect("checked above");
+                let Some(channel) = self.canceller.take() else {
+                    return Poll::Ready(decode_reply(r, drop));
+                };
+                let mut buf = Vec::new();
+                let reply = decode_reply(r, |b| buf = b);
+                channel.recycle(slot, buf);
+                Poll::Ready(reply)
             }
             Poll::Pending => {
                 if let Some(channel) = &self.canceller {

@@ -23,6 +23,9 @@ const POLL_BATCH: usize = 64;
 /// on how late it notices that nobody polls any more, should every wake-up
 /// meant for it be missed.
 const CALLER_POLL_NAP: Duration = Duration::from_millis(1);
+/// Message buffers a connection keeps for reuse, and the largest it keeps.
+const MAX_POOLED_BUFFERS: usize = 256;
+const MAX_POOLED_BUFFER: usize = 256 << 10;
 /// Largest peer receive ring accepted (unless the local ring is larger):
 /// each connection stages its outgoing frames in a mirror of the peer's ring.
 const MAX_PEER_RING: usize = 64 << 20;
@@ -556,6 +559,8 @@ pub(crate) struct Conn<F: Fabric> {
     max_backlog: usize,
     /// Receives posted for this connection (see [`Endpoint::add`]).
     recvs: u32,
+    /// Buffers incoming messages are copied into, for reuse.
+    buffers: Mutex<Vec<Vec<u8>>>,
 }
 
 /// The queue pair goes first, whatever path drops a connection: the device
@@ -610,6 +615,7 @@ impl<F: Fabric> Conn<F> {
             failure: Mutex::new(None),
             max_backlog,
             recvs: 0,
+            buffers: Mutex::new(Vec::new()),
         })
     }
 
@@ -799,10 +805,9 @@ impl<F: Fabric> Conn<F> {
                         slot.offset
                     ));
                 }
-                let header = self
-                    .recv_region
-                    .read(slot.offset, HEADER_LEN, Header::decode)
-                    .map_err(|e| format!("bad frame header: {e}"))?;
+                let mut raw = [0u8; HEADER_LEN];
+                self.recv_region.copy_to(slot.offset, &mut raw);
+                let header = Header::decode(&raw).map_err(|e| format!("bad frame header: {e}"))?;
                 let len = header.frame_len();
                 let body = len - HEADER_LEN;
                 if body > max_message {
@@ -822,10 +827,16 @@ impl<F: Fabric> Conn<F> {
                     ));
                 }
                 let md_len = header.metadata_len as usize;
-                let (metadata, payload) =
-                    self.recv_region.read(slot.offset + HEADER_LEN, body, |b| {
-                        (Metadata::decode(&b[..md_len]), b[md_len..].to_vec())
-                    });
+                let metadata = if md_len == 0 {
+                    Some(Metadata::new())
+                } else {
+                    self.recv_region
+                        .read(slot.offset + HEADER_LEN, md_len, Metadata::decode)
+                };
+                let mut payload = self.take_buffer();
+                payload.resize(body - md_len, 0);
+                self.recv_region
+                    .copy_to(slot.offset + HEADER_LEN + md_len, &mut payload);
                 recv.consume(slot, len).map_err(|e| e.to_string())?;
                 let consumed = recv.consumed();
                 drop(recv);
@@ -872,6 +883,29 @@ impl<F: Fabric> Conn<F> {
                 buf[28..32].copy_from_slice(&ack.to_le_bytes());
             });
             self.post(s, slot.offset, len);
+        }
+    }
+
+    /// A buffer for an incoming message, reused if one was given back.
+    fn take_buffer(&self) -> Vec<u8> {
+        let mut buf = self
+            .buffers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        buf.clear();
+        buf
+    }
+
+    /// Gives back a buffer that held an incoming message, once decoded.
+    pub(crate) fn recycle(&self, buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > MAX_POOLED_BUFFER {
+            return;
+        }
+        let mut pool = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < MAX_POOLED_BUFFERS {
+            pool.push(buf);
         }
     }
 

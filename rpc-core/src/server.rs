@@ -50,6 +50,8 @@ pub trait Service: Send + Sync + 'static {
 trait ReplySink: Send + Sync {
     fn send(&self, frame: &OutFrame<'_>, fill: &mut dyn FnMut(&mut [u8])) -> Result<(), Status>;
     fn peer(&self) -> &str;
+    /// Takes back the buffer a request arrived in, once decoded.
+    fn recycle(&self, buf: Vec<u8>);
 }
 
 impl<F: Fabric> ReplySink for Conn<F> {
@@ -58,6 +60,9 @@ impl<F: Fabric> ReplySink for Conn<F> {
     }
     fn peer(&self) -> &str {
         &self.peer_addr
+    }
+    fn recycle(&self, buf: Vec<u8>) {
+        Conn::recycle(self, buf)
     }
 }
 
@@ -109,7 +114,11 @@ impl ServerCall {
                 "deadline passed before the handler ran",
             ));
         }
-        let message = match Req::decode(&self.payload[..]) {
+        let decoded = Req::decode(&self.payload[..]);
+        if let Some(sink) = &self.sink {
+            sink.recycle(std::mem::take(&mut self.payload));
+        }
+        let message = match decoded {
             Ok(m) => m,
             Err(e) => {
                 let what = std::any::type_name::<Req>();

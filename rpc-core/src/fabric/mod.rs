@@ -54,6 +54,11 @@ pub trait Region: Send + Sync + 'static {
     fn read<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R;
     /// Runs `f` on `len` writable bytes at `offset`. Panics if out of bounds.
     fn write<R>(&self, offset: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R;
+    /// Copies `dst.len()` bytes at `offset` into `dst`, with no temporary
+    /// buffer. Panics if out of bounds.
+    fn copy_to(&self, offset: usize, dst: &mut [u8]) {
+        self.read(offset, dst.len(), |src| dst.copy_from_slice(src))
+    }
 }
 
 /// One RDMA WRITE WITH IMMEDIATE.

@@ -22,7 +22,7 @@ use crate::fabric::{
     WcStatus, WriteImm,
 };
 use std::collections::VecDeque;
-use std::io::{BufReader, ErrorKind, Read, Write};
+use std::io::{BufReader, ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -107,11 +107,17 @@ impl Tx {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Writes `bytes[done..]` until all is written, the socket stays full
-    /// for [`POST_BLOCK`], or it fails.
-    fn write_from(&self, bytes: &[u8], mut done: usize) -> Wrote {
-        while done < bytes.len() {
-            match (&self.stream).write(&bytes[done..]) {
+    /// Writes `head` then `data`, from byte `done` of the two, until all is
+    /// written, the socket stays full for [`POST_BLOCK`], or it fails.
+    fn write_from(&self, head: &[u8], data: &[u8], mut done: usize) -> Wrote {
+        let total = head.len() + data.len();
+        while done < total {
+            let wrote = if done < head.len() {
+                (&self.stream).write_vectored(&[IoSlice::new(&head[done..]), IoSlice::new(data)])
+            } else {
+                (&self.stream).write(&data[done - head.len()..])
+            };
+            match wrote {
                 Ok(0) => return Wrote::Failed,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -124,29 +130,31 @@ impl Tx {
         Wrote::All
     }
 
-    /// Sends `bytes` after everything sent before: writes them now if the
-    /// socket is free and has room, else queues them for the writer thread.
-    /// Blocks at most about [`POST_BLOCK`]. `Err` once the socket failed.
-    fn send(&self, bytes: Vec<u8>) -> Result<(), ()> {
+    /// Sends `head` and `data` after everything sent before: writes them now
+    /// (with no copy) if the socket is free and has room, else queues a copy
+    /// for the writer thread. Blocks at most about [`POST_BLOCK`]. `Err` once
+    /// the socket failed.
+    fn send(&self, head: &[u8], data: &[u8]) -> Result<(), ()> {
+        let copy = || [head, data].concat();
         let mut st = self.lock();
         if st.failed || st.closing {
             return Err(());
         }
         if st.busy || !st.queue.is_empty() {
-            st.queue.push_back(bytes);
+            st.queue.push_back(copy());
             self.cond.notify_all();
             return Ok(());
         }
         st.busy = true;
         drop(st);
-        let wrote = self.write_from(&bytes, 0);
+        let wrote = self.write_from(head, data, 0);
         let mut st = self.lock();
         st.busy = false;
         let result = match wrote {
             Wrote::All => Ok(()),
             Wrote::Part(done) => {
                 // Ahead of whatever was queued meanwhile.
-                st.queue.push_front(bytes);
+                st.queue.push_front(copy());
                 st.front_done = done;
                 Ok(())
             }
@@ -199,7 +207,7 @@ impl Tx {
             let done = std::mem::take(&mut st.front_done);
             st.busy = true;
             drop(st);
-            let wrote = self.write_from(&bytes, done);
+            let wrote = self.write_from(&bytes, &[], done);
             st = self.lock();
             st.busy = false;
             match wrote {
@@ -242,24 +250,25 @@ impl TcpWire {
         wr: &WriteImm<'_, SoftRegion>,
         data: &[u8],
     ) -> Result<(), WcStatus> {
-        let mut buf = Vec::with_capacity(WRITE_HEADER + data.len());
-        buf.push(if wr.signaled {
+        let mut head = [0u8; WRITE_HEADER];
+        head[0] = if wr.signaled {
             TAG_WRITE_SIGNALED
         } else {
             TAG_WRITE
-        });
-        buf.extend_from_slice(&wr.wr_id.to_le_bytes());
-        buf.extend_from_slice(&wr.remote_addr.to_le_bytes());
-        buf.extend_from_slice(&wr.rkey.to_le_bytes());
-        buf.extend_from_slice(&wr.imm.to_le_bytes());
-        buf.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        buf.extend_from_slice(data);
-        self.tx.send(buf).map_err(|()| WcStatus::RetryExceeded)
+        };
+        head[1..9].copy_from_slice(&wr.wr_id.to_le_bytes());
+        head[9..17].copy_from_slice(&wr.remote_addr.to_le_bytes());
+        head[17..21].copy_from_slice(&wr.rkey.to_le_bytes());
+        head[21..25].copy_from_slice(&wr.imm.to_le_bytes());
+        head[25..29].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        self.tx
+            .send(&head, data)
+            .map_err(|()| WcStatus::RetryExceeded)
     }
 
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending_hello.take() {
-            self.tx.send(hello.encode().to_vec()).map_err(|()| {
+            self.tx.send(&hello.encode(), &[]).map_err(|()| {
                 FabricError::unreachable("accept", "the connection failed during the handshake")
             })?;
         }
@@ -447,12 +456,12 @@ impl ReaderNic {
                         return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
                     }
                     if let Err(status) = self.ctx.deliver(self.qp_num, addr, rkey, imm, &data) {
-                        let mut nak = vec![0u8; 10];
+                        let mut nak = [0u8; 10];
                         nak[0] = TAG_NAK;
                         nak[1..9].copy_from_slice(&wr_id.to_le_bytes());
                         nak[9] = status_code(status);
                         // The NAK goes out, then the connection closes.
-                        let _ = self.tx.send(nak);
+                        let _ = self.tx.send(&nak, &[]);
                         self.tx.close();
                         return self.mark_dead(
                             0,
@@ -461,10 +470,10 @@ impl ReaderNic {
                         );
                     }
                     if tag == TAG_WRITE_SIGNALED {
-                        let mut ack = vec![0u8; 9];
+                        let mut ack = [0u8; 9];
                         ack[0] = TAG_ACK;
                         ack[1..9].copy_from_slice(&wr_id.to_le_bytes());
-                        let _ = self.tx.send(ack);
+                        let _ = self.tx.send(&ack, &[]);
                     }
                 }
                 TAG_ACK => {

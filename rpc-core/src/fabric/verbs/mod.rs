@@ -636,6 +636,18 @@ impl Region for VerbsRegion {
         }
     }
 
+    /// Memory peers may write is copied with volatile loads, straight into `dst`.
+    fn copy_to(&self, offset: usize, dst: &mut [u8]) {
+        if !self.mr.remote_write {
+            return self.read(offset, dst.len(), |src| dst.copy_from_slice(src));
+        }
+        self.check_bounds(offset, dst.len());
+        let _guard = self.mr.access.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: in bounds of the owned buffer (checked above); volatile
+        // loads tolerate the device writing these bytes concurrently.
+        unsafe { volatile_copy_from(self.mr.buf.as_ptr().add(offset), dst) };
+    }
+
     /// Local-only memory (staging) is lent as `&mut` under the region's lock;
     /// the device only reads it (for writes posted earlier, whose bytes the
     /// protocol no longer reuses until the peer released them). Memory peers
