@@ -471,22 +471,36 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         match c.kind {
             CompletionKind::Send => conn.on_send_completion(c.wr_id),
             CompletionKind::RecvImm { imm, byte_len } => {
+                // Writes this batch causes (responses of inline handlers,
+                // credits, the backlog) are posted together after it.
+                if !touched.iter().any(|t| Arc::ptr_eq(t, &conn)) {
+                    conn.begin_batch();
+                    touched.push(conn.clone());
+                }
                 match conn.on_doorbell(imm, byte_len, self.config.max_message) {
                     Ok(Some(frame)) => self.role.on_frame(self, &conn, frame),
                     Ok(None) => {}
                     Err(why) => {
                         tracing::warn!(qp_num = conn.qp_num, peer = %conn.peer_addr, %why, "closing connection: protocol violation");
                         self.close(&conn, &why);
-                        return;
                     }
-                }
-                if !touched.iter().any(|t| Arc::ptr_eq(t, &conn)) {
-                    touched.push(conn);
                 }
             }
         }
     }
 }
+
+/// A write staged while the poller handles a batch, posted with the others
+/// at the end of it.
+struct StagedWrite {
+    local: Option<(usize, usize)>,
+    imm: u32,
+    wr_id: u64,
+    signaled: bool,
+}
+
+/// Most writes posted as one batch.
+const MAX_POST_BATCH: usize = 16;
 
 /// Frames waiting for ring (or send-queue) space, fully encoded.
 struct Backlog {
@@ -505,6 +519,10 @@ struct SendState<F: Fabric> {
     completed: u64,
     sq_depth: u64,
     dead: Option<String>,
+    /// While the poller handles a batch of completions for this connection,
+    /// writes are staged here and posted together after it.
+    batching: bool,
+    staged: Vec<StagedWrite>,
 }
 
 /// Why a frame could not be sent.
@@ -611,6 +629,8 @@ impl<F: Fabric> Conn<F> {
                 completed: 0,
                 sq_depth,
                 dead: None,
+                batching: false,
+                staged: Vec::with_capacity(MAX_POST_BATCH),
             }),
             failure: Mutex::new(None),
             max_backlog,
@@ -650,6 +670,8 @@ impl<F: Fabric> Conn<F> {
         }
         s.backlog.frames.clear();
         s.backlog.bytes = 0;
+        s.staged.clear();
+        s.batching = false;
         s.qp = None;
     }
 
@@ -753,25 +775,56 @@ impl<F: Fabric> Conn<F> {
         self.post_write(s, Some((offset, len)), imm);
     }
 
+    /// Posts a write, or stages it while the poller handles a batch.
     fn post_write(&self, s: &mut SendState<F>, local: Option<(usize, usize)>, imm: u32) {
         s.posted += 1;
-        let signaled = s.posted % SIGNAL_EVERY as u64 == 0;
-        let wr = WriteImm {
-            wr_id: s.posted,
-            local: local.map(|(off, len)| (&s.staging, off, len)),
-            remote_addr: self.peer.addr + local.map_or(0, |(off, _)| off as u64),
-            rkey: self.peer.rkey,
+        s.staged.push(StagedWrite {
+            local,
             imm,
-            signaled,
-        };
-        let result = match s.qp.as_mut() {
-            Some(qp) => qp.post_write_imm(&wr).map_err(|e| e.to_string()),
+            wr_id: s.posted,
+            signaled: s.posted % SIGNAL_EVERY as u64 == 0,
+        });
+        if !s.batching || s.staged.len() >= MAX_POST_BATCH {
+            self.post_staged(s);
+        }
+    }
+
+    /// Posts the staged writes, in order, as one batch.
+    fn post_staged(&self, s: &mut SendState<F>) {
+        if s.staged.is_empty() {
+            return;
+        }
+        let SendState {
+            qp, staging, staged, ..
+        } = s;
+        let peer = self.peer;
+        let result = match qp.as_mut() {
+            Some(qp) => qp
+                .post_write_imm_batch(staged.len(), |i| {
+                    let w = &staged[i];
+                    WriteImm {
+                        wr_id: w.wr_id,
+                        local: w.local.map(|(off, len)| (&*staging, off, len)),
+                        remote_addr: peer.addr + w.local.map_or(0, |(off, _)| off as u64),
+                        rkey: peer.rkey,
+                        imm: w.imm,
+                        signaled: w.signaled,
+                    }
+                })
+                .map_err(|e| e.to_string()),
             None => Err("queue pair destroyed".to_owned()),
         };
+        staged.clear();
         if let Err(why) = result {
             s.dead.get_or_insert_with(|| why.clone());
             self.set_failure(why);
         }
+    }
+
+    /// The poller starts handling a batch of completions for this connection:
+    /// writes are staged until [`Conn::after_batch`].
+    fn begin_batch(&self) {
+        self.send_state().batching = true;
     }
 
     fn on_send_completion(&self, wr_id: u64) {
@@ -853,7 +906,8 @@ impl<F: Fabric> Conn<F> {
         }
     }
 
-    /// After a batch of frames: return credits if needed, flush the backlog.
+    /// After a batch of frames: return credits if needed, flush the backlog,
+    /// and post everything staged meanwhile.
     fn after_batch(&self) {
         let mut s = self.send_state();
         self.flush(&mut s);
@@ -863,6 +917,12 @@ impl<F: Fabric> Conn<F> {
         if (s.credits.needs_explicit() || s.credits.may_stall_sender()) && s.dead.is_none() {
             let ack = s.credits.take_ack();
             self.post_write(&mut s, None, Doorbell::Credit { ack }.encode());
+        }
+        s.batching = false;
+        if s.dead.is_none() {
+            self.post_staged(&mut s);
+        } else {
+            s.staged.clear();
         }
     }
 

@@ -87,6 +87,19 @@ pub trait QueuePair: Send + 'static {
     /// Posts one write-with-imm. An `Err` means nothing was posted; a
     /// failure detected later arrives as an error completion.
     fn post_write_imm(&mut self, wr: &WriteImm<'_, Self::Region>) -> Result<(), FabricError>;
+    /// Posts `count` write-with-imms, the `i`th being `wr(i)`, in order and
+    /// as one batch where the fabric can (one doorbell on a NIC). An `Err`
+    /// means some may not have been posted: the queue pair is then failed.
+    fn post_write_imm_batch<'a>(
+        &mut self,
+        count: usize,
+        wr: impl Fn(usize) -> WriteImm<'a, Self::Region>,
+    ) -> Result<(), FabricError>
+    where
+        Self::Region: 'a,
+    {
+        (0..count).try_for_each(|i| self.post_write_imm(&wr(i)))
+    }
     /// Most send-queue entries that may be outstanding (unreaped) at once.
     fn send_queue_depth(&self) -> usize;
     /// Called on an accepted queue pair once the local side is ready for the

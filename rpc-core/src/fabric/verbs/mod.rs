@@ -38,6 +38,8 @@ use std::time::Duration;
 
 /// Send-queue entries per queue pair.
 const SQ_DEPTH: u32 = 256;
+/// Most work requests chained in one `ibv_post_send`.
+const MAX_CHAIN: usize = 16;
 /// Zero-length receives kept on the SRQ at most.
 const SRQ_MAX: u32 = 8192;
 /// Completions polled per CQ per call.
@@ -735,51 +737,73 @@ impl QueuePair for VerbsQp {
     }
 
     fn post_write_imm(&mut self, wr: &WriteImm<'_, VerbsRegion>) -> Result<(), FabricError> {
-        let (mut sge, num_sge, len) = match wr.local {
-            Some((region, off, len)) => {
-                assert!(
-                    off.checked_add(len).is_some_and(|end| end <= region.len()),
-                    "write source out of region bounds"
-                );
-                let sge = ffi::ibv_sge {
-                    addr: region.addr() + off as u64,
-                    length: len as u32,
-                    lkey: region.mr.lkey(),
-                };
-                (sge, 1, len)
+        self.post_write_imm_batch(1, |_| WriteImm { ..*wr })
+    }
+
+    /// Chains up to [`MAX_CHAIN`] work requests per `ibv_post_send`: one
+    /// doorbell for the lot.
+    fn post_write_imm_batch<'a>(
+        &mut self,
+        count: usize,
+        wr: impl Fn(usize) -> WriteImm<'a, VerbsRegion>,
+    ) -> Result<(), FabricError> {
+        let mut first = 0;
+        while first < count {
+            let n = (count - first).min(MAX_CHAIN);
+            // SAFETY: plain old data; zero is valid.
+            let mut sges: [ffi::ibv_sge; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+            // SAFETY: plain old data; zero is valid.
+            let mut wrs: [ffi::ibv_send_wr; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+            for i in 0..n {
+                let wr = wr(first + i);
+                let w = &mut wrs[i];
+                let mut len = 0;
+                if let Some((region, off, l)) = wr.local {
+                    assert!(
+                        off.checked_add(l).is_some_and(|end| end <= region.len()),
+                        "write source out of region bounds"
+                    );
+                    sges[i] = ffi::ibv_sge {
+                        addr: region.addr() + off as u64,
+                        length: l as u32,
+                        lkey: region.mr.lkey(),
+                    };
+                    w.num_sge = 1;
+                    len = l;
+                }
+                w.wr_id = wr.wr_id;
+                w.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                let mut flags = 0;
+                if wr.signaled {
+                    flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
+                if len > 0 && len <= self.qp.max_inline as usize {
+                    flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+                w.send_flags = flags;
+                w.__bindgen_anon_1.imm_data = wr.imm.to_be();
+                w.wr.rdma.remote_addr = wr.remote_addr;
+                w.wr.rdma.rkey = wr.rkey;
             }
-            None => (
-                ffi::ibv_sge {
-                    addr: 0,
-                    length: 0,
-                    lkey: 0,
-                },
-                0,
-                0,
-            ),
-        };
-        // SAFETY: plain old data; zero is valid.
-        let mut w: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-        w.wr_id = wr.wr_id;
-        w.sg_list = &mut sge;
-        w.num_sge = num_sge;
-        w.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-        let mut flags = 0;
-        if wr.signaled {
-            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            // Link the chain and the SGEs now that the arrays stay put.
+            for i in 0..n {
+                if wrs[i].num_sge > 0 {
+                    wrs[i].sg_list = &mut sges[i];
+                }
+                if i + 1 < n {
+                    wrs[i].next = &mut wrs[i + 1];
+                }
+            }
+            // SAFETY: the chain's `n` requests and their SGEs live on this
+            // stack frame for the call (verbs copies them). Each SGE names a
+            // registered region of this context's PD; the dispatcher keeps
+            // the region alive longer than the queue pair and reuses its
+            // bytes only after the peer released them (which implies the
+            // write was executed).
+            unsafe { self.qp.post_send(&mut wrs[0]) }?;
+            first += n;
         }
-        if len > 0 && len <= self.qp.max_inline as usize {
-            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        w.send_flags = flags;
-        w.__bindgen_anon_1.imm_data = wr.imm.to_be();
-        w.wr.rdma.remote_addr = wr.remote_addr;
-        w.wr.rdma.rkey = wr.rkey;
-        // SAFETY: the SGE names a registered region of this context's PD; the
-        // dispatcher keeps the region alive longer than the queue pair and
-        // reuses its bytes only after the peer released them (which implies
-        // the write was executed).
-        unsafe { self.qp.post_send(&mut w) }
+        Ok(())
     }
 
     fn send_queue_depth(&self) -> usize {
