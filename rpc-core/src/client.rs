@@ -10,7 +10,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -211,7 +211,7 @@ impl Channel {
     fn recycle(&self, slot: Arc<CallSlot>, buf: Vec<u8>) {
         with_client!(&self.inner.client, c => {
             c.conn.recycle(buf);
-            c.ep.role.recycle_slot(slot);
+            c.ep.role.release_slot(slot);
         })
     }
 
@@ -344,13 +344,23 @@ impl<F: Fabric> ClientRole<F> {
             .unwrap_or_default()
     }
 
-    /// Keeps `slot` for another call if nothing else refers to it.
-    fn recycle_slot(&self, mut slot: Arc<CallSlot>) {
-        let Some(s) = Arc::get_mut(&mut slot) else {
+    /// Completes the call of `slot` and lets go of it.
+    fn finish(&self, slot: Arc<CallSlot>, result: Result<RawReply, Status>) {
+        if slot.complete(result) {
+            self.release_slot(slot);
+        }
+    }
+
+    /// Lets go of a finished call's slot: called once by the thread that
+    /// completed it and once by the caller that took the outcome. The second
+    /// to let go keeps the slot for another call; neither touches it after.
+    fn release_slot(&self, slot: Arc<CallSlot>) {
+        if slot.releases.fetch_add(1, Ordering::AcqRel) != 1 {
             return;
-        };
-        *s.state.get_mut().unwrap_or_else(|e| e.into_inner()) = SlotState::Waiting;
-        *s.done.get_mut() = false;
+        }
+        *slot.state.lock().unwrap_or_else(|e| e.into_inner()) = SlotState::Waiting;
+        slot.done.store(false, Ordering::Release);
+        slot.releases.store(0, Ordering::Release);
         let mut spare = self.spare_slots.lock().unwrap_or_else(|e| e.into_inner());
         if spare.len() < MAX_SPARE_SLOTS {
             spare.push(slot);
@@ -385,7 +395,7 @@ impl<F: Fabric> Role<F> for ClientRole<F> {
         };
         let slot = self.calls().complete(frame.header.call_id);
         match slot {
-            Some(slot) => slot.complete(result),
+            Some(slot) => self.finish(slot, result),
             None => tracing::debug!(
                 call_id = frame.header.call_id.0,
                 "dropped a response to a call that already ended"
@@ -397,7 +407,10 @@ impl<F: Fabric> Role<F> for ClientRole<F> {
         tracing::info!(%why, "connection lost");
         let calls = self.calls().drain();
         for (_, slot) in calls {
-            slot.complete(Err(Status::unavailable(format!("connection lost: {why}"))));
+            self.finish(
+                slot,
+                Err(Status::unavailable(format!("connection lost: {why}"))),
+            );
         }
     }
 
@@ -413,9 +426,12 @@ impl<F: Fabric> Role<F> for ClientRole<F> {
         if !expired.is_empty() {
             let conn = ep.connections().into_iter().next();
             for (id, slot) in expired {
-                slot.complete(Err(Status::deadline_exceeded(
-                    "deadline exceeded before the response arrived",
-                )));
+                self.finish(
+                    slot,
+                    Err(Status::deadline_exceeded(
+                        "deadline exceeded before the response arrived",
+                    )),
+                );
                 if let Some(conn) = &conn {
                     send_cancel(conn, id);
                 }
@@ -451,27 +467,34 @@ struct CallSlot {
     cond: Condvar,
     /// Set once the outcome is in: lets a polling caller check cheaply.
     done: AtomicBool,
+    /// How many of the call's two users (the completer, the caller) have let
+    /// go of the slot (see `ClientRole::release_slot`).
+    releases: AtomicU8,
 }
 
 impl CallSlot {
-    fn complete(&self, result: Result<RawReply, Status>) {
+    /// Leaves the outcome; false if the call already had one (which stays).
+    fn complete(&self, result: Result<RawReply, Status>) -> bool {
         let prev = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             match std::mem::replace(&mut *state, SlotState::Done(result)) {
                 // Already completed (deadline raced a response): keep the first outcome.
                 prev @ (SlotState::Done(_) | SlotState::Taken) => {
                     *state = prev;
-                    return;
+                    return false;
                 }
-                prev => prev,
+                prev => {
+                    self.done.store(true, Ordering::Release);
+                    prev
+                }
             }
         };
-        self.done.store(true, Ordering::Release);
         match prev {
             SlotState::Blocked => self.cond.notify_all(),
             SlotState::Parked(w) => w.wake(),
             _ => {}
         }
+        true
     }
 
     fn is_done(&self) -> bool {
@@ -528,7 +551,7 @@ impl<T> fmt::Debug for UnaryCall<T> {
 impl<T> UnaryCall<T> {
     fn failed(status: Status) -> UnaryCall<T> {
         let slot = CallSlot::default();
-        slot.complete(Err(status));
+        let _ = slot.complete(Err(status));
         UnaryCall {
             slot: Some(Arc::new(slot)),
             id: CallId(0),

@@ -314,6 +314,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         } = st;
         batch.clear();
         let n = self.fabric.poll(batch, POLL_BATCH);
+        let _in_turn = InTurn::enter();
         if n == 0 {
             if *consumed_recvs > 0 && self.replenish(*consumed_recvs).is_ok() {
                 *consumed_recvs = 0;
@@ -501,6 +502,29 @@ struct StagedWrite {
 
 /// Most writes posted as one batch.
 const MAX_POST_BATCH: usize = 16;
+
+thread_local! {
+    /// Whether this thread is handling a batch of completions: only its
+    /// writes are staged (another thread's could wait on a batch that
+    /// already ended).
+    static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as handling a batch while it lives.
+struct InTurn;
+
+impl InTurn {
+    fn enter() -> InTurn {
+        IN_TURN.set(true);
+        InTurn
+    }
+}
+
+impl Drop for InTurn {
+    fn drop(&mut self) {
+        IN_TURN.set(false);
+    }
+}
 
 /// Frames waiting for ring (or send-queue) space, fully encoded.
 struct Backlog {
@@ -784,7 +808,7 @@ impl<F: Fabric> Conn<F> {
             wr_id: s.posted,
             signaled: s.posted % SIGNAL_EVERY as u64 == 0,
         });
-        if !s.batching || s.staged.len() >= MAX_POST_BATCH {
+        if !(s.batching && IN_TURN.get()) || s.staged.len() >= MAX_POST_BATCH {
             self.post_staged(s);
         }
     }
@@ -795,7 +819,10 @@ impl<F: Fabric> Conn<F> {
             return;
         }
         let SendState {
-            qp, staging, staged, ..
+            qp,
+            staging,
+            staged,
+            ..
         } = s;
         let peer = self.peer;
         let result = match qp.as_mut() {
@@ -969,9 +996,11 @@ impl<F: Fabric> Conn<F> {
         }
     }
 
-    /// Bytes queued waiting for the peer's ring.
-    pub(crate) fn backlog_bytes(&self) -> usize {
-        self.send_state().backlog.bytes
+    /// Whether frames wait to be posted: queued for the peer's ring, or
+    /// staged until the batch being handled ends.
+    pub(crate) fn has_unsent(&self) -> bool {
+        let s = self.send_state();
+        s.backlog.bytes > 0 || !s.staged.is_empty()
     }
 }
 

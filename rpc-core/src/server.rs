@@ -560,7 +560,7 @@ impl<F: Fabric> Stop for ServerStopper<F> {
                     .ep
                     .connections()
                     .iter()
-                    .any(|c| c.is_alive() && c.backlog_bytes() > 0);
+                    .any(|c| c.is_alive() && c.has_unsent());
             if !busy {
                 break;
             }

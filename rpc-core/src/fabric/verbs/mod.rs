@@ -239,6 +239,9 @@ struct Inner {
     ctx: Arc<Context>,
     side: Arc<Side>,
     srq_depth: u32,
+    /// Where `wait` looks for a completion before it sleeps (kept: no
+    /// allocation per wait).
+    probe: Mutex<Vec<Completion>>,
     /// Receives a failed post left unposted, retried at the next poll.
     srq_deficit: std::sync::atomic::AtomicU32,
 }
@@ -310,6 +313,7 @@ impl VerbsFabric {
                 ctx,
                 side,
                 srq_depth,
+                probe: Mutex::new(Vec::with_capacity(1)),
                 srq_deficit: 0.into(),
             }),
         })
@@ -910,7 +914,8 @@ impl Fabric for VerbsFabric {
         if let Err(e) = &armed {
             tracing::error!(error = %e, "cannot arm a completion queue");
         }
-        let mut probe = Vec::new();
+        let mut probe = i.probe.lock().unwrap_or_else(|e| e.into_inner());
+        probe.clear();
         if self.poll(&mut probe, 1) > 0 {
             // Put it back in front: the caller polls again right away.
             i.side
@@ -920,6 +925,7 @@ impl Fabric for VerbsFabric {
                 .push_front(probe[0]);
             return;
         }
+        drop(probe);
         let mut fds = [
             libc::pollfd {
                 fd: i.channel.fd(),
