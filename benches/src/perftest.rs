@@ -61,17 +61,15 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
         .map(|s| s.to_string())
         .collect()
     };
-    let lat_out = run_pair(&lat_bin, common(free_port()?), &host)?;
-    let lat = parse_lat(&lat_out, params.size).ok_or_else(|| {
-        format!("perftest baseline: no result line for {size} bytes in ib_write_lat's output:\n{lat_out}")
+    let lat = measure_with_retries("ib_write_lat", &size, || {
+        let out = run_pair(&lat_bin, common(free_port()?), &host)?;
+        Ok((parse_lat(&out, params.size), out))
     })?;
-    let mut bw_args = common(free_port()?);
-    bw_args.extend(["-t".to_owned(), params.concurrency.max(1).to_string()]);
-    let bw_out = run_pair(&bw_bin, bw_args, &host)?;
-    let bw = parse_bw(&bw_out, params.size).ok_or_else(|| {
-        format!(
-            "perftest baseline: no result line for {size} bytes in ib_write_bw's output:\n{bw_out}"
-        )
+    let bw = measure_with_retries("ib_write_bw", &size, || {
+        let mut args = common(free_port()?);
+        args.extend(["-t".to_owned(), params.concurrency.max(1).to_string()]);
+        let out = run_pair(&bw_bin, args, &host)?;
+        Ok((parse_bw(&out, params.size), out))
     })?;
 
     let rps = bw.msg_rate_mpps * 1e6;
@@ -118,6 +116,32 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
     })
 }
 
+/// Runs `attempt` until it yields a result line, at most three times:
+/// perftest sometimes prints no figures, or `inf` ones (its clock
+/// calibration fails now and then in an emulated guest). Each retry is
+/// reported on stderr.
+fn measure_with_retries<T>(
+    name: &str,
+    size: &str,
+    mut attempt: impl FnMut() -> Result<(Option<T>, String), String>,
+) -> Result<T, String> {
+    let mut last = String::new();
+    for n in 1..=3 {
+        match attempt()? {
+            (Some(result), _) => return Ok(result),
+            (None, out) => {
+                eprintln!(
+                    "rpc-bench: {name} gave no usable result line for {size} bytes (attempt {n} of 3)"
+                );
+                last = out;
+            }
+        }
+    }
+    Err(format!(
+        "perftest baseline: no usable result line for {size} bytes in {name}'s output:\n{last}"
+    ))
+}
+
 /// `ib_write_lat`'s result line, one-way µs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lat {
@@ -145,14 +169,13 @@ pub struct Bw {
 }
 
 /// The numbers of the result line for `size`: the line whose first field
-/// is `size` and that has at least `min` numeric fields.
+/// is `size` and that has at least `min` numeric fields, all finite.
 fn result_fields(output: &str, size: usize, min: usize) -> Option<Vec<f64>> {
     output.lines().find_map(|line| {
         let fields: Vec<f64> = line
             .split_whitespace()
-            .map(|f| f.parse::<f64>())
-            .collect::<Result<_, _>>()
-            .ok()?;
+            .map(|f| f.parse::<f64>().ok().filter(|v| v.is_finite()))
+            .collect::<Option<_>>()?;
         (fields.len() >= min && fields[0] == size as f64).then_some(fields)
     })
 }
@@ -323,6 +346,7 @@ mod tests {
         assert_eq!(l.p99, Some(105.05));
         assert_eq!(l.p999, Some(243.19));
         assert_eq!(parse_lat(lat, 65), None);
+        assert_eq!(parse_lat(&lat.replace("21.20", "inf"), 64), None);
         let bw = "\
  #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
  64         2000             1.75               1.70   		   0.027862

@@ -1,19 +1,21 @@
 //! `bench-report`: renders `benches/REPORT.md` and its SVG charts from the
 //! JSON records `rpc-bench --json` wrote.
 //!
-//! `bench-report --out REPORT.md --svg-dir DIR [--preamble FILE] RESULTS.jsonl...`
-//! (DIR is where the SVG files go; the markdown links to them relative to
-//! its own directory.)
+//! `bench-report --out REPORT.md --svg-dir DIR [--preamble FILE]
+//! [--epilogue FILE] RESULTS.jsonl...`: the preamble goes first, then the
+//! targets, one section per fabric with its table and charts, then the
+//! epilogue. DIR is where the SVG files go; the markdown links to them
+//! relative to its own directory.
 
 use std::path::{Path, PathBuf};
 
-const USAGE: &str =
-    "usage: bench-report --out REPORT.md --svg-dir DIR [--preamble FILE] RESULTS.jsonl...";
+const USAGE: &str = "usage: bench-report --out REPORT.md --svg-dir DIR [--preamble FILE] [--epilogue FILE] RESULTS.jsonl...";
 
 fn main() {
     let mut out = None;
     let mut svg_dir = None;
     let mut preamble = None;
+    let mut epilogue = None;
     let mut inputs = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -25,6 +27,7 @@ fn main() {
             "--out" => out = Some(PathBuf::from(value())),
             "--svg-dir" => svg_dir = Some(PathBuf::from(value())),
             "--preamble" => preamble = Some(PathBuf::from(value())),
+            "--epilogue" => epilogue = Some(PathBuf::from(value())),
             "--help" | "-h" => {
                 println!("{USAGE}");
                 return;
@@ -39,7 +42,7 @@ fn main() {
     if inputs.is_empty() {
         usage("no result files given");
     }
-    if let Err(e) = run(&out, &svg_dir, preamble.as_deref(), &inputs) {
+    if let Err(e) = run(&out, &svg_dir, [preamble, epilogue], &inputs) {
         eprintln!("bench-report: {e}");
         std::process::exit(1);
     }
@@ -48,16 +51,18 @@ fn main() {
 fn run(
     out: &Path,
     svg_dir: &Path,
-    preamble: Option<&Path>,
+    [preamble, epilogue]: [Option<PathBuf>; 2],
     inputs: &[PathBuf],
 ) -> Result<(), String> {
     let records = benches::report::load(inputs)?;
-    let preamble = match preamble {
+    let read = |p: Option<PathBuf>, default: &str| match p {
         Some(p) => {
-            std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?
+            std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))
         }
-        None => "# Benchmark report\n".to_owned(),
+        None => Ok(default.to_owned()),
     };
+    let preamble = read(preamble, "# Benchmark report\n")?;
+    let epilogue = read(epilogue, "")?;
     let base = out.parent().unwrap_or(Path::new("."));
     let rel = svg_dir.strip_prefix(base).unwrap_or(svg_dir);
     let (md, svgs) = benches::report::render(&records, &preamble, &rel.to_string_lossy());
@@ -67,7 +72,9 @@ fn run(
         let path = svg_dir.join(name);
         std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
-    std::fs::write(out, md).map_err(|e| format!("cannot write {}: {e}", out.display()))
+    let md = format!("{}\n\n{}", md.trim_end(), epilogue);
+    std::fs::write(out, md.trim_end().to_owned() + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", out.display()))
 }
 
 fn usage(msg: &str) -> ! {
