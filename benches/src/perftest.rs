@@ -8,7 +8,8 @@
 //! compare with a call's. Its `rps` is `ib_write_bw`'s message rate with
 //! `concurrency` writes outstanding (`-t`, the send-queue depth); its p50 is
 //! `2 × t_typical` (perftest's median), p99 and p99.9 are perftest's
-//! percentiles doubled. perftest's own figures are kept in `extra`.
+//! percentiles doubled. With several connections, `ib_write_bw` runs as
+//! many queue pairs (`-q`). perftest's own figures are kept in `extra`.
 
 use crate::measure::{Kind, Measurement, Params};
 use rpc_core::fabric::FabricUrl;
@@ -68,6 +69,9 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
     let bw = measure_with_retries("ib_write_bw", &size, || {
         let mut args = common(free_port()?);
         args.extend(["-t".to_owned(), params.concurrency.max(1).to_string()]);
+        if params.connections > 1 {
+            args.extend(["-q".to_owned(), params.connections.to_string()]);
+        }
         let out = run_pair(&bw_bin, args, &host)?;
         Ok((parse_bw(&out, params.size), out))
     })?;
@@ -96,7 +100,7 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
         url: format!("perftest://{device}/{host}?port={port}&gid={gid}"),
         size: params.size,
         concurrency: params.concurrency,
-        connections: 1,
+        connections: params.connections,
         calls: params.calls,
         warmup: 0,
         errors: 0,

@@ -206,7 +206,7 @@ pub fn render(
         let _ = writeln!(md, "## {fabric}:// (baseline: {base_name})\n");
         let _ = writeln!(
             md,
-            "| size | concurrency | calls | errors | p50 µs | p99 µs | p99.9 µs | rps | {rn} p50 µs | {rn} p99 µs | {rn} rps | ratio_p50_vs_{rn} | ratio_rps_vs_{rn} |"
+            "| size | concurrency | calls | errors (both) | p50 µs | p99 µs | p99.9 µs | rps | {rn} p50 µs | {rn} p99 µs | {rn} rps | ratio_p50_vs_{rn} | ratio_rps_vs_{rn} |"
         );
         md.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for r in &ours {
