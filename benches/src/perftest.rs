@@ -173,28 +173,32 @@ pub struct Bw {
 }
 
 /// The numbers of the result line for `size`: the line whose first field
-/// is `size` and that has at least `min` numeric fields, all finite.
+/// is `size` and that has at least `min` numeric fields (`inf` and `nan`
+/// parse, for the caller to judge: perftest prints `-nan` for a standard
+/// deviation that overflowed).
 fn result_fields(output: &str, size: usize, min: usize) -> Option<Vec<f64>> {
     output.lines().find_map(|line| {
         let fields: Vec<f64> = line
             .split_whitespace()
-            .map(|f| f.parse::<f64>().ok().filter(|v| v.is_finite()))
+            .map(|f| f.parse::<f64>().ok())
             .collect::<Option<_>>()?;
         (fields.len() >= min && fields[0] == size as f64).then_some(fields)
     })
 }
 
 /// Parses `ib_write_lat`'s output: `#bytes #iterations t_min t_max
-/// t_typical t_avg t_stdev [99% [99.9%]]`.
+/// t_typical t_avg t_stdev [99% [99.9%]]`. `None` unless the latencies
+/// used are finite (the standard deviation is not used).
 pub fn parse_lat(output: &str, size: usize) -> Option<Lat> {
     let f = result_fields(output, size, 7)?;
+    let finite = |v: f64| v.is_finite().then_some(v);
     Some(Lat {
-        t_min: f[2],
-        t_max: f[3],
-        t_typical: f[4],
-        t_avg: f[5],
-        p99: f.get(7).copied(),
-        p999: f.get(8).copied(),
+        t_min: finite(f[2])?,
+        t_max: finite(f[3])?,
+        t_typical: finite(f[4])?,
+        t_avg: finite(f[5])?,
+        p99: f.get(7).copied().and_then(finite),
+        p999: f.get(8).copied().and_then(finite),
     })
 }
 
@@ -202,7 +206,7 @@ pub fn parse_lat(output: &str, size: usize) -> Option<Lat> {
 /// MsgRate[Mpps]`.
 pub fn parse_bw(output: &str, size: usize) -> Option<Bw> {
     let f = result_fields(output, size, 5)?;
-    Some(Bw {
+    (f[3].is_finite() && f[4].is_finite() && f[4] > 0.0).then_some(Bw {
         avg_mbps: f[3],
         msg_rate_mpps: f[4],
     })
@@ -351,6 +355,8 @@ mod tests {
         assert_eq!(l.p999, Some(243.19));
         assert_eq!(parse_lat(lat, 65), None);
         assert_eq!(parse_lat(&lat.replace("21.20", "inf"), 64), None);
+        let nan_stdev = parse_lat(&lat.replace("13.61", "-nan"), 64).unwrap();
+        assert_eq!(nan_stdev.t_typical, 21.20);
         let bw = "\
  #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
  64         2000             1.75               1.70   		   0.027862
