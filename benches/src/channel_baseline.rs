@@ -9,27 +9,44 @@
 //! left out is everything the framework adds: framing, protobuf, the rings,
 //! credits, the call table, the poller and worker hand-offs.
 
-use crate::measure::{Kind, Measurement, Params, Tally};
+use crate::measure::{Bench, Kind, Measurement, Params, Tally, interleave};
 use crate::payload;
 use crossbeam_channel::bounded;
 use std::time::{Duration, Instant};
 
-/// Runs the ping-pong: warm-up, then the measured calls.
+/// The ping-pong as a [`Bench`]: each round runs on two fresh threads.
+#[derive(Debug, Clone)]
+pub struct ChannelBench {
+    size: usize,
+    window: usize,
+}
+
+impl ChannelBench {
+    /// The ping-pong for `params`' size and concurrency.
+    pub fn new(params: &Params) -> ChannelBench {
+        ChannelBench {
+            size: params.size,
+            window: params.concurrency,
+        }
+    }
+
+    /// What the records call it.
+    pub fn url(&self) -> String {
+        format!("channel://crossbeam?threads=2&window={}", self.window)
+    }
+}
+
+impl Bench for ChannelBench {
+    fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
+        ping_pong(self.size, first, calls, self.window)
+    }
+}
+
+/// Runs the ping-pong alone: warm-up, then the measured calls in one round.
 pub fn run(params: Params) -> Measurement {
-    let (warm, _) = ping_pong(params.size, 0, params.warmup, params.concurrency);
-    let (tally, elapsed) = ping_pong(params.size, params.warmup, params.calls, params.concurrency);
-    Measurement::from_tally(
-        Kind::Channel,
-        "mem",
-        format!(
-            "channel://crossbeam?threads=2&window={}",
-            params.concurrency
-        ),
-        params,
-        &tally,
-        warm.errors,
-        elapsed,
-    )
+    let mut bench = ChannelBench::new(&params);
+    let (totals, _) = interleave(&mut bench, None, &params, 1);
+    Measurement::from_totals(Kind::Channel, "mem", bench.url(), params, &totals)
 }
 
 /// A request or reply: which window slot, which call, the payload.

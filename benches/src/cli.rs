@@ -16,7 +16,8 @@ after N/10 warm-up calls (--warmup), and prints
   url=... size=... concurrency=... calls=... errors=... p50_us=... p99_us=... p999_us=... rps=...
 
 --baseline measures a reference with the same size, calls and concurrency and
-prints its line and the ratios ours/theirs:
+prints its line and the ratios ours/theirs (tonic and channel run in this
+process, alternating with ours in up to 5 rounds; perftest runs afterwards):
   tonic     gRPC (tonic) on 127.0.0.1, server and client in this process
   perftest  ib_write_lat and ib_write_bw on the device of an rdma:// URL
   channel   a crossbeam-channel ping-pong between two threads

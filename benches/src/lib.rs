@@ -7,7 +7,10 @@
 //! - `rpc-bench` measures unary echo calls end to end against an embedded
 //!   server, and a baseline in the same invocation: gRPC over tonic
 //!   ([`tonic_baseline`]), perftest's raw verbs figures ([`perftest`]), or a
-//!   crossbeam-channel ping-pong ([`channel_baseline`]). `scripts/bench`
+//!   crossbeam-channel ping-pong ([`channel_baseline`]). The in-process
+//!   baselines alternate with our run in rounds
+//!   ([`measure::interleave`]), so that the load of a shared machine
+//!   weighs on both alike. `scripts/bench`
 //!   sweeps sizes, concurrency and fabrics, and `bench-report` turns the
 //!   results into `benches/REPORT.md` ([`report`]).
 //!

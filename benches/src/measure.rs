@@ -68,6 +68,80 @@ impl Tally {
     }
 }
 
+/// A system under measurement, set up once and then asked for rounds of
+/// calls: our server and client, or a baseline.
+pub trait Bench {
+    /// Runs `calls` calls numbered from `first`, the configured number
+    /// outstanding; returns what they measured and their wall-clock time.
+    fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration);
+}
+
+/// What a series of rounds added up to.
+#[derive(Debug, Clone, Default)]
+pub struct Totals {
+    /// The measured calls.
+    pub tally: Tally,
+    /// Errors of the warm-up calls.
+    pub warmup_errors: u64,
+    /// Wall-clock time of the measured rounds, summed.
+    pub elapsed: Duration,
+}
+
+/// Rounds to split a run into when a baseline is interleaved with it: up to
+/// 5, with at least 20 × `concurrency` calls each so that the ramp-up and
+/// drain of a round (fewer than `concurrency` calls outstanding) stay a
+/// small part of it.
+pub fn rounds_for(params: &Params) -> u64 {
+    (params.calls / (20 * params.concurrency.max(1) as u64)).clamp(1, 5)
+}
+
+/// Warms both systems up, then runs `rounds` rounds of the measured calls,
+/// alternating between `ours` and `baseline` (and which goes first), so
+/// that a change in the machine's load during the run (other processes on
+/// a shared machine) weighs on both alike instead of on whichever ran
+/// second. Calls are numbered alike on both sides.
+pub fn interleave(
+    ours: &mut dyn Bench,
+    mut baseline: Option<&mut dyn Bench>,
+    params: &Params,
+    rounds: u64,
+) -> (Totals, Totals) {
+    let mut totals = (Totals::default(), Totals::default());
+    totals.0.warmup_errors = ours.round(0, params.warmup).0.errors;
+    if let Some(b) = baseline.as_deref_mut() {
+        totals.1.warmup_errors = b.round(0, params.warmup).0.errors;
+    }
+    let rounds = rounds.clamp(1, params.calls.max(1));
+    let mut first = params.warmup;
+    for r in 0..rounds {
+        let n = params.calls / rounds + u64::from(r < params.calls % rounds);
+        let mut run_ours = |t: &mut Totals| {
+            let (tally, elapsed) = ours.round(first, n);
+            t.tally.merge(tally);
+            t.elapsed += elapsed;
+        };
+        match baseline.as_deref_mut() {
+            None => run_ours(&mut totals.0),
+            Some(b) => {
+                let mut run_base = |t: &mut Totals| {
+                    let (tally, elapsed) = b.round(first, n);
+                    t.tally.merge(tally);
+                    t.elapsed += elapsed;
+                };
+                if r % 2 == 0 {
+                    run_ours(&mut totals.0);
+                    run_base(&mut totals.1);
+                } else {
+                    run_base(&mut totals.1);
+                    run_ours(&mut totals.0);
+                }
+            }
+        }
+        first += n;
+    }
+    totals
+}
+
 /// Which system a record measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -161,6 +235,19 @@ pub struct Params {
 }
 
 impl Measurement {
+    /// Builds a record from the [`Totals`] of a series of rounds.
+    pub fn from_totals(kind: Kind, fabric: &str, url: String, params: Params, t: &Totals) -> Self {
+        Self::from_tally(
+            kind,
+            fabric,
+            url,
+            params,
+            &t.tally,
+            t.warmup_errors,
+            t.elapsed,
+        )
+    }
+
     /// Builds a record from a tally of the measured calls (`warmup_errors`
     /// from the warm-up ones) that took `elapsed`.
     pub fn from_tally(
@@ -264,6 +351,52 @@ impl fmt::Display for Measurement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records which calls it was asked for, each taking 1 µs.
+    struct Fake(Vec<(u64, u64)>);
+
+    impl Bench for Fake {
+        fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
+            self.0.push((first, calls));
+            let mut t = Tally::default();
+            for _ in 0..calls {
+                t.record(Duration::from_micros(1), Ok(()));
+            }
+            (t, Duration::from_micros(calls))
+        }
+    }
+
+    #[test]
+    fn interleaves_rounds() {
+        let p = Params {
+            size: 64,
+            concurrency: 2,
+            connections: 1,
+            calls: 1003,
+            warmup: 10,
+        };
+        assert_eq!(rounds_for(&p), 5);
+        assert_eq!(rounds_for(&Params { calls: 100, ..p }), 2);
+        assert_eq!(rounds_for(&Params { calls: 10, ..p }), 1);
+        let (mut a, mut b) = (Fake(Vec::new()), Fake(Vec::new()));
+        let (ta, tb) = interleave(&mut a, Some(&mut b), &p, 5);
+        let want = vec![
+            (0, 10),
+            (10, 201),
+            (211, 201),
+            (412, 201),
+            (613, 200),
+            (813, 200),
+        ];
+        assert_eq!(a.0, want);
+        assert_eq!(b.0, want);
+        assert_eq!(ta.tally.hist.len(), 1003);
+        assert_eq!(tb.elapsed, Duration::from_micros(1003));
+        let mut alone = Fake(Vec::new());
+        let (t, none) = interleave(&mut alone, None, &p, 1);
+        assert_eq!(alone.0, vec![(0, 10), (10, 1003)]);
+        assert_eq!((t.tally.hist.len(), none.tally.hist.len()), (1003, 0));
+    }
 
     #[test]
     fn line_and_ratios() {

@@ -22,7 +22,7 @@
 //! echo happen outside it, but inside the wall-clock time that `rps` is
 //! computed from, as they are for every baseline.
 
-use crate::measure::{Kind, Measurement, Params, Tally};
+use crate::measure::{Bench, Kind, Measurement, Params, Tally, interleave};
 use crate::payload;
 use examples::echo::EchoRequest;
 use examples::echo::echo_client::EchoClient;
@@ -57,34 +57,80 @@ pub fn serve(url: &str, inline_handlers: bool) -> Result<ServerHandle, String> {
         .map_err(|s| format!("cannot serve on {url}: {}", s.message()))
 }
 
-/// Starts the server, connects, runs the warm-up and then the measured
-/// calls, shuts the server down. `Err` when the server or a connection
-/// cannot be set up; failed calls are counted in the result instead.
-pub fn run(run: &RpcRun) -> Result<Measurement, String> {
-    let server = serve(&run.url, run.inline_handlers)?;
-    let url = server.local_url().to_owned();
-    let mut clients = Vec::with_capacity(run.params.connections);
-    for _ in 0..run.params.connections.max(1) {
-        let channel = Channel::builder(&url)
-            .timeout(CALL_TIMEOUT)
-            .connect()
-            .map_err(|s| format!("cannot connect to {url}: {}", s.message()))?;
-        clients.push(EchoClient::new(channel));
+/// Our side, set up: the embedded server and its connected clients. The
+/// server shuts down when this is dropped.
+pub struct RpcBench {
+    clients: Vec<EchoClient>,
+    server: Option<ServerHandle>,
+    url: String,
+    size: usize,
+    concurrency: usize,
+}
+
+impl RpcBench {
+    /// Starts the server and opens the connections. `Err` when either
+    /// cannot be set up.
+    pub fn start(run: &RpcRun) -> Result<RpcBench, String> {
+        let server = serve(&run.url, run.inline_handlers)?;
+        let url = server.local_url().to_owned();
+        let mut clients = Vec::with_capacity(run.params.connections);
+        for _ in 0..run.params.connections.max(1) {
+            let channel = Channel::builder(&url)
+                .timeout(CALL_TIMEOUT)
+                .connect()
+                .map_err(|s| format!("cannot connect to {url}: {}", s.message()))?;
+            clients.push(EchoClient::new(channel));
+        }
+        Ok(RpcBench {
+            clients,
+            server: Some(server),
+            url,
+            size: run.params.size,
+            concurrency: run.params.concurrency,
+        })
     }
-    let p = run.params;
-    let (warm, _) = drive(&clients, p.size, 0, p.warmup, p.concurrency);
-    let (tally, elapsed) = drive(&clients, p.size, p.warmup, p.calls, p.concurrency);
-    drop(clients);
-    server.shutdown();
-    let fabric = url.split("://").next().unwrap_or("").to_owned();
-    Ok(Measurement::from_tally(
+
+    /// The server's bound URL (port 0 resolved).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL's fabric: `mem`, `tcp` or `rdma`.
+    pub fn fabric(&self) -> &str {
+        self.url.split("://").next().unwrap_or("")
+    }
+}
+
+impl Bench for RpcBench {
+    fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
+        drive(&self.clients, self.size, first, calls, self.concurrency)
+    }
+}
+
+impl Drop for RpcBench {
+    fn drop(&mut self) {
+        self.clients.clear();
+        if let Some(server) = self.server.take() {
+            server.shutdown();
+        }
+    }
+}
+
+/// Runs our side alone: starts, warms up, measures in one round, shuts
+/// down. `Err` when the server or a connection cannot be set up; failed
+/// calls are counted in the result instead.
+pub fn run(run: &RpcRun) -> Result<Measurement, String> {
+    let mut bench = RpcBench::start(run)?;
+    let (totals, _) = interleave(&mut bench, None, &run.params, 1);
+    let url = bench.url().to_owned();
+    let fabric = bench.fabric().to_owned();
+    drop(bench);
+    Ok(Measurement::from_totals(
         Kind::Rpc,
         &fabric,
         url,
-        p,
-        &tally,
-        warm.errors,
-        elapsed,
+        run.params,
+        &totals,
     ))
 }
 

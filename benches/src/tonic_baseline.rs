@@ -9,7 +9,7 @@
 //! connections. TCP_NODELAY is on at both ends (tonic's client default,
 //! set on the server too).
 
-use crate::measure::{Kind, Measurement, Params, Tally};
+use crate::measure::{Bench, Kind, Measurement, Params, Tally, interleave};
 use crate::payload;
 use pb::echo_client::EchoClient;
 use pb::echo_server::{Echo, EchoServer};
@@ -41,68 +41,114 @@ impl Echo for TonicEcho {
     }
 }
 
-/// Runs the baseline: starts the runtime and server, connects, warms up,
-/// measures. `Err` when the server or a connection cannot be set up.
-pub fn run(params: Params) -> Result<Measurement, String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tonic baseline: cannot start a tokio runtime: {e}"))?;
-    rt.block_on(async move {
-        let incoming =
-            tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().expect("address"))
-                .map_err(|e| format!("tonic baseline: cannot listen on 127.0.0.1:0: {e}"))?
-                .with_nodelay(Some(true));
-        let addr = incoming
-            .local_addr()
-            .map_err(|e| format!("tonic baseline: no local address: {e}"))?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(
-            Server::builder()
-                .add_service(EchoServer::new(TonicEcho))
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = stopped.await;
-                }),
-        );
-        let mut clients = Vec::new();
-        for _ in 0..params.connections.max(1) {
-            let channel: Channel = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| format!("tonic baseline: bad endpoint: {e}"))?
-                .tcp_nodelay(true)
-                .timeout(crate::rpc::CALL_TIMEOUT)
-                .connect()
-                .await
-                .map_err(|e| format!("tonic baseline: cannot connect to {addr}: {e}"))?;
-            // Raise the default 4 MiB decode limit like ours (half a 2 MiB ring
-            // would be smaller): sizes above it are then measured, not refused.
-            clients.push(
-                EchoClient::new(channel)
-                    .max_decoding_message_size(usize::MAX)
-                    .max_encoding_message_size(usize::MAX),
+/// The tonic side, set up: the runtime, the server task and the connected
+/// clients. The server stops when this is dropped.
+pub struct TonicBench {
+    rt: tokio::runtime::Runtime,
+    clients: Vec<EchoClient<Channel>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    addr: std::net::SocketAddr,
+    size: usize,
+    concurrency: usize,
+}
+
+impl TonicBench {
+    /// Starts the runtime and the server, and opens `params.connections`
+    /// connections. `Err` when any of it cannot be set up.
+    pub fn start(params: &Params) -> Result<TonicBench, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("tonic baseline: cannot start a tokio runtime: {e}"))?;
+        let connections = params.connections.max(1);
+        let (addr, stop, server, clients) = rt.block_on(async move {
+            let incoming = tonic::transport::server::TcpIncoming::bind(
+                "127.0.0.1:0".parse().expect("address"),
+            )
+            .map_err(|e| format!("tonic baseline: cannot listen on 127.0.0.1:0: {e}"))?
+            .with_nodelay(Some(true));
+            let addr = incoming
+                .local_addr()
+                .map_err(|e| format!("tonic baseline: no local address: {e}"))?;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = tokio::spawn(
+                Server::builder()
+                    .add_service(EchoServer::new(TonicEcho))
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = stopped.await;
+                    }),
             );
-        }
-        let (warm, _) = drive(&clients, params.size, 0, params.warmup, params.concurrency).await;
-        let (tally, elapsed) = drive(
-            &clients,
-            params.size,
-            params.warmup,
-            params.calls,
-            params.concurrency,
-        )
-        .await;
-        drop(clients);
-        let _ = stop.send(());
-        let _ = server.await;
-        Ok(Measurement::from_tally(
-            Kind::Tonic,
-            "tcp",
-            format!("tonic://{addr}"),
-            params,
-            &tally,
-            warm.errors,
-            elapsed,
+            let mut clients = Vec::new();
+            for _ in 0..connections {
+                let channel: Channel = Endpoint::from_shared(format!("http://{addr}"))
+                    .map_err(|e| format!("tonic baseline: bad endpoint: {e}"))?
+                    .tcp_nodelay(true)
+                    .timeout(crate::rpc::CALL_TIMEOUT)
+                    .connect()
+                    .await
+                    .map_err(|e| format!("tonic baseline: cannot connect to {addr}: {e}"))?;
+                // No message size limits: what is measured is speed.
+                clients.push(
+                    EchoClient::new(channel)
+                        .max_decoding_message_size(usize::MAX)
+                        .max_encoding_message_size(usize::MAX),
+                );
+            }
+            Ok::<_, String>((addr, stop, server, clients))
+        })?;
+        Ok(TonicBench {
+            rt,
+            clients,
+            stop: Some(stop),
+            server: Some(server),
+            addr,
+            size: params.size,
+            concurrency: params.concurrency,
+        })
+    }
+
+    /// What the records call it: `tonic://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("tonic://{}", self.addr)
+    }
+}
+
+impl Bench for TonicBench {
+    fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
+        self.rt.block_on(drive(
+            &self.clients,
+            self.size,
+            first,
+            calls,
+            self.concurrency,
         ))
-    })
+    }
+}
+
+impl Drop for TonicBench {
+    fn drop(&mut self) {
+        self.clients.clear();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = self.rt.block_on(server);
+        }
+    }
+}
+
+/// Runs the baseline alone: starts, warms up, measures in one round, stops.
+pub fn run(params: Params) -> Result<Measurement, String> {
+    let mut bench = TonicBench::start(&params)?;
+    let (totals, _) = interleave(&mut bench, None, &params, 1);
+    Ok(Measurement::from_totals(
+        Kind::Tonic,
+        "tcp",
+        bench.url(),
+        params,
+        &totals,
+    ))
 }
 
 async fn drive(
