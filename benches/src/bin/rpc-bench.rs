@@ -1,0 +1,155 @@
+//! `rpc-bench`: unary echo calls against an embedded server, against a
+//! baseline measured in the same invocation. See `rpc-bench --help`, and
+//! the `benches` crate docs for how each side is driven.
+
+use benches::channel_baseline::ChannelBench;
+use benches::measure::{Bench, Kind, Measurement, Params, interleave, rounds_for};
+use benches::rpc::{RpcBench, RpcRun};
+use benches::tonic_baseline::TonicBench;
+use benches::{Baseline, Options, cli, perftest};
+use std::io::Write;
+
+fn main() {
+    let options = match Options::parse(std::env::args().skip(1)) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{}", cli::USAGE);
+            return;
+        }
+        Err(e) => {
+            eprintln!("rpc-bench: {e}\n\n{}", cli::USAGE);
+            std::process::exit(2);
+        }
+    };
+    std::process::exit(run(&options));
+}
+
+/// Runs everything asked for, prints the lines, writes the JSON; returns
+/// the exit code.
+fn run(o: &Options) -> i32 {
+    let params = Params {
+        size: o.size,
+        concurrency: o.concurrency,
+        connections: o.connections,
+        calls: o.calls,
+        warmup: o.warmup,
+    };
+    let run = RpcRun {
+        url: o.url.clone(),
+        params,
+        inline_handlers: o.inline_handlers,
+    };
+    let mut ours_bench = match RpcBench::start(&run) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("rpc-bench: {e}");
+            return 1;
+        }
+    };
+    // tonic and the channel run in this process too: set up now and
+    // interleaved round by round with ours. perftest runs afterwards, on
+    // its own, once our server is gone.
+    let mut baseline: Option<(Box<dyn Bench>, Kind, String)> = match o.baseline {
+        Some(Baseline::Tonic) => match TonicBench::start(&params) {
+            Ok(b) => {
+                let url = b.url();
+                Some((Box::new(b), Kind::Tonic, url))
+            }
+            Err(e) => {
+                eprintln!("rpc-bench: {e}");
+                return 1;
+            }
+        },
+        Some(Baseline::Channel) => {
+            let b = ChannelBench::new(&params);
+            let url = b.url();
+            Some((Box::new(b), Kind::Channel, url))
+        }
+        Some(Baseline::Perftest) | None => None,
+    };
+    let rounds = if baseline.is_some() {
+        rounds_for(&params)
+    } else {
+        1
+    };
+    let (ours_totals, base_totals) = interleave(
+        &mut ours_bench,
+        baseline
+            .as_mut()
+            .map(|(b, _, _)| &mut **b as &mut dyn Bench),
+        &params,
+        rounds,
+    );
+    let fabric = ours_bench.fabric().to_owned();
+    let ours = Measurement::from_totals(
+        Kind::Rpc,
+        &fabric,
+        ours_bench.url().to_owned(),
+        params,
+        &ours_totals,
+    );
+    drop(ours_bench);
+    println!("{ours}");
+    if let Some(e) = &ours.first_error {
+        eprintln!("rpc-bench: first error: {e}");
+    }
+    let mut records = vec![ours.clone()];
+    let mut code = i32::from(ours.errors > 0);
+
+    let measured = match (o.baseline, baseline) {
+        (_, Some((bench, kind, url))) => {
+            drop(bench);
+            Some(Ok(Measurement::from_totals(
+                kind,
+                &fabric,
+                url,
+                params,
+                &base_totals,
+            )))
+        }
+        (Some(Baseline::Perftest), None) => Some(perftest::run(&ours.url, params)),
+        _ => None,
+    };
+    match measured {
+        Some(Ok(mut base)) => {
+            base.fabric = fabric;
+            base.set_ratios(&ours);
+            println!("{base}");
+            println!("{}", base.ratio_line());
+            if let Some(e) = &base.first_error {
+                eprintln!("rpc-bench: first baseline error: {e}");
+            }
+            if base.errors > 0 {
+                code = 1;
+            }
+            records.push(base);
+        }
+        Some(Err(e)) => {
+            eprintln!("rpc-bench: {e}");
+            code = 1;
+        }
+        None => {}
+    }
+
+    if let Some(path) = &o.json {
+        if let Err(e) = append_json(path, &records) {
+            eprintln!("rpc-bench: cannot write {}: {e}", path.display());
+            code = 1;
+        }
+    }
+    code
+}
+
+/// Appends one JSON object per line.
+fn append_json(path: &std::path::Path, records: &[Measurement]) -> std::io::Result<()> {
+    let mut text = String::new();
+    for r in records {
+        text += &serde_json::to_string(r).map_err(std::io::Error::other)?;
+        text.push('\n');
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(text.as_bytes())
+}

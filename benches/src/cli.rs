@@ -1,0 +1,199 @@
+//! `rpc-bench`'s command line.
+
+use std::path::PathBuf;
+
+/// The usage message (printed with exit code 2 on bad arguments).
+pub const USAGE: &str = "\
+usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
+                 [--connections K] [--warmup N] [--json FILE]
+                 [--baseline tonic|perftest|channel] [--inline-handlers]
+
+Runs N unary echo calls of BYTES-byte payloads against an echo server
+embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
+port 0 picks a free one), C calls outstanding over K connections (default 1),
+after N/10 warm-up calls (--warmup), and prints
+
+  url=... size=... concurrency=... calls=... errors=... p50_us=... p99_us=... p999_us=... rps=...
+
+--baseline measures a reference with the same size, calls and concurrency and
+prints its line and the ratios ours/theirs (tonic and channel run in this
+process, alternating with ours in up to 5 rounds; perftest runs afterwards):
+  tonic     gRPC (tonic) on 127.0.0.1, server and client in this process
+  perftest  ib_write_lat and ib_write_bw on the device of an rdma:// URL
+  channel   a crossbeam-channel ping-pong between two threads
+--json FILE appends every line as a JSON record (JSON Lines).
+--inline-handlers runs the echo handler on the server's poller thread.
+Exit code: 0, 1 if any call failed or a baseline could not run, 2 on bad arguments.";
+
+/// A baseline measured in the same invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    /// gRPC over tonic, loopback TCP.
+    Tonic,
+    /// perftest's `ib_write_lat` and `ib_write_bw`.
+    Perftest,
+    /// A crossbeam-channel ping-pong.
+    Channel,
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Where the embedded server listens.
+    pub url: String,
+    /// Payload bytes per request (and reply).
+    pub size: usize,
+    /// Measured calls.
+    pub calls: u64,
+    /// Calls kept outstanding.
+    pub concurrency: usize,
+    /// Connections (Channels) the calls are spread over.
+    pub connections: usize,
+    /// Warm-up calls, not measured.
+    pub warmup: u64,
+    /// Where to append JSON records.
+    pub json: Option<PathBuf>,
+    /// The baseline to measure too.
+    pub baseline: Option<Baseline>,
+    /// Run the handler on the server's poller thread.
+    pub inline_handlers: bool,
+}
+
+impl Options {
+    /// Parses the arguments (without the program name). `Ok(None)` means
+    /// `--help` was asked for; `Err` holds what is wrong.
+    pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Option<Options>, String> {
+        let mut url = None;
+        let mut size = None;
+        let mut calls = None;
+        let mut concurrency = None;
+        let mut connections = 1u64;
+        let mut warmup = None;
+        let mut json = None;
+        let mut baseline = None;
+        let mut inline_handlers = false;
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let (name, inline_value) = match arg.split_once('=') {
+                Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
+                _ => (arg.clone(), None),
+            };
+            let mut value = || {
+                inline_value
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| format!("{name} needs a value"))
+            };
+            match name.as_str() {
+                "--url" => url = Some(value()?),
+                "--size" => size = Some(number(&name, &value()?)?),
+                "--calls" => calls = Some(number(&name, &value()?)?),
+                "--concurrency" => concurrency = Some(number(&name, &value()?)?),
+                "--connections" => connections = number(&name, &value()?)?,
+                "--warmup" => warmup = Some(number(&name, &value()?)?),
+                "--json" => json = Some(PathBuf::from(value()?)),
+                "--baseline" => {
+                    baseline = Some(match value()?.as_str() {
+                        "tonic" => Baseline::Tonic,
+                        "perftest" => Baseline::Perftest,
+                        "channel" => Baseline::Channel,
+                        other => {
+                            return Err(format!(
+                                "unknown baseline {other:?}: expected tonic, perftest or channel"
+                            ));
+                        }
+                    })
+                }
+                "--inline-handlers" if inline_value.is_none() => inline_handlers = true,
+                "--help" | "-h" => return Ok(None),
+                _ => return Err(format!("unexpected argument {arg:?}")),
+            }
+        }
+        let url: String = url.ok_or("--url is required")?;
+        let size = size.ok_or("--size is required")? as usize;
+        let calls = calls.ok_or("--calls is required")?;
+        let concurrency = concurrency.ok_or("--concurrency is required")? as usize;
+        let connections = connections as usize;
+        if calls == 0 {
+            return Err("--calls must be at least 1".into());
+        }
+        if concurrency == 0 {
+            return Err("--concurrency must be at least 1".into());
+        }
+        if connections == 0 || connections > concurrency {
+            return Err(format!(
+                "--connections must be between 1 and --concurrency ({concurrency})"
+            ));
+        }
+        if !(url.starts_with("mem://") || url.starts_with("tcp://") || url.starts_with("rdma://")) {
+            return Err(format!(
+                "--url {url:?}: expected mem://name, tcp://host:port or rdma://host:port"
+            ));
+        }
+        if baseline == Some(Baseline::Perftest) && !url.starts_with("rdma://") {
+            return Err("--baseline perftest needs an rdma:// URL (it runs on that device)".into());
+        }
+        Ok(Some(Options {
+            url,
+            size,
+            calls,
+            concurrency,
+            connections,
+            warmup: warmup.unwrap_or(calls / 10),
+            json,
+            baseline,
+            inline_handlers,
+        }))
+    }
+
+    /// The fabric of the URL: `mem`, `tcp` or `rdma`.
+    pub fn fabric(&self) -> &str {
+        self.url.split("://").next().unwrap_or("")
+    }
+}
+
+fn number(name: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{name} needs a non-negative integer, got {value:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Option<Options>, String> {
+        Options::parse(s.split_whitespace().map(str::to_owned))
+    }
+
+    #[test]
+    fn parses_and_rejects() {
+        let o = parse(
+            "--url tcp://127.0.0.1:0 --size 64 --calls 20000 --concurrency=8 --baseline tonic",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(o.size, 64);
+        assert_eq!(o.calls, 20000);
+        assert_eq!(o.concurrency, 8);
+        assert_eq!(o.connections, 1);
+        assert_eq!(o.warmup, 2000);
+        assert_eq!(o.baseline, Some(Baseline::Tonic));
+        assert_eq!(o.fabric(), "tcp");
+        assert_eq!(parse("--help").unwrap(), None);
+        for bad in [
+            "",
+            "--url mem://a --size 64 --calls 10",
+            "--url mem://a --size x --calls 10 --concurrency 1",
+            "--url mem://a --size 64 --calls 0 --concurrency 1",
+            "--url mem://a --size 64 --calls 10 --concurrency 0",
+            "--url mem://a --size 64 --calls 10 --concurrency 2 --connections 3",
+            "--url mem://a --size 64 --calls 10 --concurrency 1 --baseline grpc",
+            "--url mem://a --size 64 --calls 10 --concurrency 1 --baseline perftest",
+            "--url http://a --size 64 --calls 10 --concurrency 1",
+            "--url mem://a --size 64 --calls 10 --concurrency 1 --bogus",
+        ] {
+            assert!(parse(bad).is_err(), "accepted {bad:?}");
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! `bench-report`: turns the JSON records of a sweep into `REPORT.md`, its
+//! tables, the targets verdict, and SVG charts.
+
+use crate::measure::{Kind, Measurement};
+use crate::svg::{Chart, PALETTE, Scale, Series, human};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+/// Reads JSON Lines files of [`Measurement`]s, in order.
+pub fn load(paths: &[impl AsRef<Path>]) -> Result<Vec<Measurement>, String> {
+    let mut out = Vec::new();
+    for path in paths {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            out.push(
+                serde_json::from_str(line)
+                    .map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?,
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// The fabrics in report order, with their baselines.
+pub const FABRICS: &[(&str, Kind, &str)] = &[
+    ("mem", Kind::Channel, "crossbeam channel ping-pong"),
+    ("tcp", Kind::Tonic, "tonic (gRPC) on loopback TCP"),
+    (
+        "rdma",
+        Kind::Perftest,
+        "perftest ib_write_lat / ib_write_bw",
+    ),
+];
+
+type Key = (Kind, String, usize, usize);
+
+/// The last record of each (kind, fabric, size, concurrency).
+fn latest(records: &[Measurement]) -> BTreeMap<Key, &Measurement> {
+    let mut map = BTreeMap::new();
+    for r in records {
+        map.insert((r.kind, r.fabric.clone(), r.size, r.concurrency), r);
+    }
+    map
+}
+
+fn size_label(size: usize) -> String {
+    if size >= 1024 && size % 1024 == 0 {
+        format!("{} KiB", size / 1024)
+    } else {
+        format!("{size} B")
+    }
+}
+
+fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+/// A target of the issue, judged from the figures.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Fabric.
+    pub fabric: &'static str,
+    /// Payload size.
+    pub size: usize,
+    /// Concurrency the figure is taken at.
+    pub concurrency: usize,
+    /// `true`: the p50 ratio, `false`: the rps ratio.
+    pub p50: bool,
+    /// `true`: at most `bound`; `false`: at least.
+    pub at_most: bool,
+    /// The bound.
+    pub bound: f64,
+}
+
+/// The targets: rdma 64 B p50 ≤ 1.3× and rps ≥ 0.8× perftest; tcp 64 B
+/// p50 ≤ 0.33× tonic and, at concurrency 8, rps ≥ 3×; mem 64 B p50 ≤ 3×
+/// the channel ping-pong. Latency targets are judged at concurrency 1;
+/// rdma's rps target at concurrency 1 as well (the configuration of its
+/// acceptance command), its other concurrencies are shown alongside.
+pub const TARGETS: &[Target] = &[
+    Target {
+        fabric: "rdma",
+        size: 64,
+        concurrency: 1,
+        p50: true,
+        at_most: true,
+        bound: 1.3,
+    },
+    Target {
+        fabric: "rdma",
+        size: 64,
+        concurrency: 1,
+        p50: false,
+        at_most: false,
+        bound: 0.8,
+    },
+    Target {
+        fabric: "tcp",
+        size: 64,
+        concurrency: 1,
+        p50: true,
+        at_most: true,
+        bound: 0.33,
+    },
+    Target {
+        fabric: "tcp",
+        size: 64,
+        concurrency: 8,
+        p50: false,
+        at_most: false,
+        bound: 3.0,
+    },
+    Target {
+        fabric: "mem",
+        size: 64,
+        concurrency: 1,
+        p50: true,
+        at_most: true,
+        bound: 3.0,
+    },
+];
+
+/// Renders the report: the markdown, and the SVG files (name, content) it
+/// links to under `svg_dir` (relative to the markdown file).
+pub fn render(
+    records: &[Measurement],
+    preamble: &str,
+    svg_dir: &str,
+) -> (String, Vec<(String, String)>) {
+    let map = latest(records);
+    let mut md = String::new();
+    let mut svgs = Vec::new();
+    md.push_str(preamble.trim_end());
+    md.push_str("\n\n");
+
+    md.push_str("## Targets\n\n");
+    md.push_str("Judged from the figures below, as measured; ratios are ours / baseline.\n\n");
+    md.push_str("| fabric | size | concurrency | figure | target | measured | verdict |\n|---|---|---|---|---|---|---|\n");
+    for t in TARGETS {
+        let base = FABRICS.iter().find(|f| f.0 == t.fabric).map(|f| f.1);
+        let rec = base.and_then(|k| map.get(&(k, t.fabric.to_owned(), t.size, t.concurrency)));
+        let value = rec.and_then(|r| if t.p50 { r.ratio_p50 } else { r.ratio_rps });
+        let name = base.map_or("?", Kind::ratio_name);
+        let figure = format!("ratio_{}_vs_{name}", if t.p50 { "p50" } else { "rps" });
+        let (op, ok) = match value.filter(|v| v.is_finite()) {
+            Some(v) if t.at_most => ("≤", Some(v <= t.bound)),
+            Some(v) => ("≥", Some(v >= t.bound)),
+            None => (if t.at_most { "≤" } else { "≥" }, None),
+        };
+        let errors = rec.map(|r| r.errors).unwrap_or(0)
+            + map
+                .get(&(Kind::Rpc, t.fabric.to_owned(), t.size, t.concurrency))
+                .map_or(0, |r| r.errors);
+        let verdict = match ok {
+            Some(_) if errors > 0 => "not judged: calls failed",
+            Some(true) => "**met**",
+            Some(false) => "**not met**",
+            None => "no data",
+        };
+        let _ = writeln!(
+            md,
+            "| {}:// | {} | {} | {figure} | {op} {} | {} | {verdict} |",
+            t.fabric,
+            size_label(t.size),
+            t.concurrency,
+            t.bound,
+            fmt_opt(value, 3)
+        );
+    }
+    let rdma_rps: Vec<String> = [1, 8, 64]
+        .iter()
+        .filter_map(|&c| {
+            map.get(&(Kind::Perftest, "rdma".to_owned(), 64, c))
+                .and_then(|r| r.ratio_rps)
+                .map(|v| format!("{v:.3} at concurrency {c}"))
+        })
+        .collect();
+    if !rdma_rps.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nrdma:// 64 B `ratio_rps_vs_verbs` at every concurrency measured: {}.",
+            rdma_rps.join(", ")
+        );
+    }
+    md.push('\n');
+
+    for &(fabric, base_kind, base_name) in FABRICS {
+        let ours: Vec<&Measurement> = map
+            .iter()
+            .filter(|((k, f, _, _), _)| *k == Kind::Rpc && f == fabric)
+            .map(|(_, r)| *r)
+            .collect();
+        if ours.is_empty() {
+            let _ = writeln!(md, "## {fabric}://\n\nNo results.\n");
+            continue;
+        }
+        let rn = base_kind.ratio_name();
+        let _ = writeln!(md, "## {fabric}:// (baseline: {base_name})\n");
+        let _ = writeln!(
+            md,
+            "| size | concurrency | calls | errors (both) | p50 µs | p99 µs | p99.9 µs | rps | {rn} p50 µs | {rn} p99 µs | {rn} rps | ratio_p50_vs_{rn} | ratio_rps_vs_{rn} |"
+        );
+        md.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for r in &ours {
+            let b = map.get(&(base_kind, fabric.to_owned(), r.size, r.concurrency));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} | {} |",
+                size_label(r.size),
+                r.concurrency,
+                r.calls,
+                r.errors + b.map_or(0, |b| b.errors),
+                r.p50_us,
+                r.p99_us,
+                r.p999_us,
+                r.rps,
+                fmt_opt(b.map(|b| b.p50_us), 1),
+                fmt_opt(b.map(|b| b.p99_us), 1),
+                fmt_opt(b.map(|b| b.rps), 0),
+                fmt_opt(b.and_then(|b| b.ratio_p50), 3),
+                fmt_opt(b.and_then(|b| b.ratio_rps), 3),
+            );
+        }
+        md.push('\n');
+
+        let sizes: Vec<usize> = {
+            let mut s: Vec<usize> = ours.iter().map(|r| r.size).collect();
+            s.dedup();
+            s
+        };
+        let concurrencies: Vec<usize> = {
+            let mut c: Vec<usize> = ours.iter().map(|r| r.concurrency).collect();
+            c.sort_unstable();
+            c.dedup();
+            c
+        };
+        let cdf_c = concurrencies.first().copied().unwrap_or(1);
+
+        // Latency CDF at the lowest concurrency: ours solid, baseline dashed.
+        let mut series = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            for (kind, dashed, who) in [(Kind::Rpc, false, "rdma-rpc"), (base_kind, true, rn)] {
+                if let Some(r) = map.get(&(kind, fabric.to_owned(), size, cdf_c)) {
+                    series.push(Series {
+                        label: format!("{who} {}", size_label(size)),
+                        color,
+                        dashed,
+                        points: r.cdf.iter().map(|&(q, us)| (q, us)).collect(),
+                    });
+                }
+            }
+        }
+        let cdf = Chart {
+            title: format!("{fabric}:// round-trip latency, concurrency {cdf_c}"),
+            x_label: "percentile".into(),
+            x: Scale::Nines { nines: 4.0 },
+            x_unit: "",
+            y_label: "latency (µs, log)".into(),
+            y: Scale::log_covering(series.iter().flat_map(|s| s.points.iter().map(|p| p.1))),
+            y_unit: "",
+            series,
+        };
+        let cdf_name = format!("latency-{fabric}.svg");
+        svgs.push((cdf_name.clone(), cdf.render()));
+
+        // Throughput against concurrency.
+        let mut series = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            for (kind, dashed, who) in [(Kind::Rpc, false, "rdma-rpc"), (base_kind, true, rn)] {
+                let points: Vec<(f64, f64)> = concurrencies
+                    .iter()
+                    .filter_map(|&c| {
+                        map.get(&(kind, fabric.to_owned(), size, c))
+                            .map(|r| (c as f64, r.rps))
+                    })
+                    .collect();
+                if !points.is_empty() {
+                    series.push(Series {
+                        label: format!("{who} {}", size_label(size)),
+                        color,
+                        dashed,
+                        points,
+                    });
+                }
+            }
+        }
+        let rps = Chart {
+            title: format!("{fabric}:// throughput"),
+            x_label: "calls outstanding (log)".into(),
+            x: Scale::log_covering(concurrencies.iter().map(|&c| c as f64)),
+            x_unit: "",
+            y_label: "calls per second (log)".into(),
+            y: Scale::log_covering(series.iter().flat_map(|s| s.points.iter().map(|p| p.1))),
+            y_unit: "",
+            series,
+        };
+        let rps_name = format!("throughput-{fabric}.svg");
+        svgs.push((rps_name.clone(), rps.render()));
+        let _ = writeln!(
+            md,
+            "![{fabric}:// latency percentiles]({svg_dir}/{cdf_name})\n![{fabric}:// throughput]({svg_dir}/{rps_name})\n"
+        );
+
+        let extras: Vec<String> = map
+            .iter()
+            .filter(|((k, f, _, _), _)| *k == base_kind && f == fabric)
+            .filter(|(_, r)| !r.extra.is_empty())
+            .map(|(_, r)| {
+                let figures: Vec<String> = r
+                    .extra
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", human(*v)))
+                    .collect();
+                format!(
+                    "- {} at concurrency {}: {}",
+                    size_label(r.size),
+                    r.concurrency,
+                    figures.join(" ")
+                )
+            })
+            .collect();
+        if !extras.is_empty() {
+            let _ = writeln!(md, "{rn}'s own figures (one-way latencies, µs):\n");
+            md.push_str(&extras.join("\n"));
+            md.push_str("\n\n");
+        }
+    }
+    (md, svgs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::{Params, Tally};
+    use std::time::Duration;
+
+    fn rec(kind: Kind, fabric: &str, size: usize, c: usize, us: u64) -> Measurement {
+        let mut t = Tally::default();
+        for _ in 0..100 {
+            t.record(Duration::from_micros(us), Ok(()));
+        }
+        let p = Params {
+            size,
+            concurrency: c,
+            connections: 1,
+            calls: 100,
+            warmup: 0,
+        };
+        Measurement::from_tally(
+            kind,
+            fabric,
+            format!("{fabric}://x"),
+            p,
+            &t,
+            0,
+            Duration::from_millis(us / 10),
+        )
+    }
+
+    #[test]
+    fn renders_tables_targets_and_charts() {
+        let ours = rec(Kind::Rpc, "mem", 64, 1, 10);
+        let mut base = rec(Kind::Channel, "mem", 64, 1, 5);
+        base.set_ratios(&ours);
+        let (md, svgs) = render(&[ours, base], "# Report", "report");
+        assert!(
+            md.contains("| mem:// | 64 B | 1 | ratio_p50_vs_channel | ≤ 3 | 2.000 | **met** |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| tcp:// | 64 B | 8 | ratio_rps_vs_tonic | ≥ 3 | – | no data |"),
+            "{md}"
+        );
+        assert!(md.contains("## mem:// (baseline"));
+        assert!(md.contains("](report/latency-mem.svg)"));
+        assert_eq!(svgs.len(), 2);
+    }
+}
