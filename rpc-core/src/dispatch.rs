@@ -11,7 +11,7 @@ use crate::protocol::{
 };
 use crate::{Metadata, Status};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,17 @@ const POLL_BATCH: usize = 64;
 /// on how late it notices that nobody polls any more, should every wake-up
 /// meant for it be missed.
 const CALLER_POLL_NAP: Duration = Duration::from_millis(1);
+/// Waits a moment in a spin loop; now and then lets another thread run
+/// (one that delivers completions may share this core).
+fn spin_pause(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if *spins % 64 == 0 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
 /// Message buffers a connection keeps for reuse, and the largest it keeps.
 const MAX_POOLED_BUFFERS: usize = 256;
 const MAX_POOLED_BUFFER: usize = 256 << 10;
@@ -119,6 +130,8 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     poll: Mutex<PollState<F>>,
     /// The poller thread, once it runs.
     poller: OnceLock<std::thread::Thread>,
+    /// Callers polling for their responses ([`Endpoint::poll_until`]).
+    callers_polling: AtomicUsize,
     /// Whether the poller thread is napping because a caller polls.
     poller_napping: AtomicBool,
     stop: AtomicBool,
@@ -146,6 +159,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 consumed_recvs: 0,
             }),
             poller: OnceLock::new(),
+            callers_polling: AtomicUsize::new(0),
             poller_napping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             planned_wake: AtomicU64::new(0),
@@ -345,11 +359,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         n
     }
 
-    /// Takes the completion queue from the calling thread until `done()`
-    /// holds or it has been idle for the spin time; returns `done()`.
-    /// Returns at once (false unless done) if another thread is polling.
+    /// Handles completions on the calling thread until `done()` holds or
+    /// none came for the spin time; returns `done()`. Meanwhile the poller
+    /// thread naps instead of competing for the queue.
     ///
-    /// `others_waiting()` tells, once this thread stops polling, whether
+    /// `others_waiting()` tells, once the last polling caller stops, whether
     /// anyone else still needs completions handled: then the poller thread
     /// is woken to take over.
     pub(crate) fn poll_until(
@@ -357,12 +371,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         done: impl Fn() -> bool,
         others_waiting: impl FnOnce() -> bool,
     ) -> bool {
-        let mut st = match self.poll.try_lock() {
-            Ok(st) => st,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return done(),
-        };
+        self.callers_polling.fetch_add(1, Ordering::SeqCst);
         let mut idle_since = None;
+        let mut spins = 0u32;
         let finished = loop {
             if done() {
                 break true;
@@ -370,20 +381,25 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             if self.stop.load(Ordering::Acquire) {
                 break false;
             }
-            if self.turn(&mut st) > 0 {
+            let progress = match self.poll.try_lock() {
+                Ok(mut st) => self.turn(&mut st),
+                Err(TryLockError::Poisoned(p)) => self.turn(&mut p.into_inner()),
+                Err(TryLockError::WouldBlock) => 0,
+            };
+            if progress > 0 {
                 idle_since = None;
                 continue;
             }
-            let now = Instant::now();
-            if now.duration_since(*idle_since.get_or_insert(now)) >= self.config.spin {
-                break done();
+            if spins % 16 == 0 {
+                let now = Instant::now();
+                if now.duration_since(*idle_since.get_or_insert(now)) >= self.config.spin {
+                    break done();
+                }
             }
-            // Let a thread that delivers completions (a tcp:// reader) run
-            // if it shares this core.
-            std::thread::yield_now();
+            spin_pause(&mut spins);
         };
-        drop(st);
-        if !finished || others_waiting() {
+        let last = self.callers_polling.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && (!finished || others_waiting()) {
             self.ensure_polled();
         }
         finished
@@ -395,27 +411,30 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let _ = self.poller.set(std::thread::current());
         let mut idle_since: Option<Instant> = None;
         let mut next_tick = Instant::now();
+        let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
-            let mut st = match self.poll.try_lock() {
-                Ok(st) => st,
-                Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    // A caller polls for its response. Say so, then look once
-                    // more: it may have stopped before seeing the flag.
-                    self.poller_napping.store(true, Ordering::SeqCst);
-                    if let Ok(st) = self.poll.try_lock() {
-                        self.poller_napping.store(false, Ordering::SeqCst);
-                        drop(st);
-                        continue;
-                    }
+            if self.callers_polling.load(Ordering::SeqCst) > 0 {
+                // Say so, then look once more: the last caller may have
+                // stopped before it could see the flag.
+                self.poller_napping.store(true, Ordering::SeqCst);
+                if self.callers_polling.load(Ordering::SeqCst) > 0 {
                     let now = Instant::now();
                     next_tick = self.tick(next_tick, now);
                     let nap = next_tick
                         .saturating_duration_since(now)
                         .clamp(Duration::from_micros(20), CALLER_POLL_NAP);
                     std::thread::park_timeout(nap);
-                    self.poller_napping.store(false, Ordering::SeqCst);
-                    idle_since = None;
+                }
+                self.poller_napping.store(false, Ordering::SeqCst);
+                idle_since = None;
+                continue;
+            }
+            let mut st = match self.poll.try_lock() {
+                Ok(st) => st,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                // A caller finishing its last turn: it lets go at once.
+                Err(TryLockError::WouldBlock) => {
+                    spin_pause(&mut spins);
                     continue;
                 }
             };
@@ -430,11 +449,19 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             let idle = *idle_since.get_or_insert(now);
             if now.duration_since(idle) < self.config.spin {
                 drop(st);
-                std::hint::spin_loop();
-                std::thread::yield_now();
+                spin_pause(&mut spins);
                 continue;
             }
-            // Block, still holding the queue: a fabric's wait may look at it.
+            // Arm, look once more (what came before arming would not end
+            // the wait), then sleep without holding the queue, so a caller
+            // can take it meanwhile.
+            self.fabric.arm();
+            let found = self.turn(&mut st);
+            drop(st);
+            if found > 0 {
+                idle_since = None;
+                continue;
+            }
             self.planned_wake
                 .store(self.nanos(next_tick).max(1), Ordering::SeqCst);
             // A timer asked for after the tick above but before `planned_wake`
@@ -442,7 +469,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             let hint = self.timer_hint.load(Ordering::SeqCst);
             let next_tick = next_tick.min(self.epoch + Duration::from_nanos(hint));
             let sleep = next_tick.saturating_duration_since(now);
-            if !sleep.is_zero() {
+            if !sleep.is_zero() && self.callers_polling.load(Ordering::SeqCst) == 0 {
                 self.fabric.wait(Some(sleep.min(Duration::from_secs(1))));
             }
             self.planned_wake.store(0, Ordering::SeqCst);

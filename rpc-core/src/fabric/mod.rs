@@ -210,8 +210,13 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     fn post_recv(&self, count: u32) -> Result<(), FabricError>;
     /// Moves up to `max` completions into `out`; returns how many.
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize;
-    /// Blocks until a completion may be ready, [`Fabric::interrupt`] is
-    /// called, or `timeout` passes. Spurious returns are allowed.
+    /// Asks for the next completion to end a [`Fabric::wait`]. A waiter arms,
+    /// polls once more (a completion that arrived before arming may not
+    /// end the wait), then waits if that found nothing.
+    fn arm(&self) {}
+    /// Blocks until a completion may be ready (one that arrived after the
+    /// last [`Fabric::arm`]), [`Fabric::interrupt`] is called, or `timeout`
+    /// passes. Spurious returns are allowed.
     fn wait(&self, timeout: Option<Duration>);
     /// Wakes a thread blocked in [`Fabric::wait`].
     fn interrupt(&self);

@@ -239,9 +239,6 @@ struct Inner {
     ctx: Arc<Context>,
     side: Arc<Side>,
     srq_depth: u32,
-    /// Where `wait` looks for a completion before it sleeps (kept: no
-    /// allocation per wait).
-    probe: Mutex<Vec<Completion>>,
     /// Receives a failed post left unposted, retried at the next poll.
     srq_deficit: std::sync::atomic::AtomicU32,
 }
@@ -313,7 +310,6 @@ impl VerbsFabric {
                 ctx,
                 side,
                 srq_depth,
-                probe: Mutex::new(Vec::with_capacity(1)),
                 srq_deficit: 0.into(),
             }),
         })
@@ -904,28 +900,28 @@ impl Fabric for VerbsFabric {
         n
     }
 
-    fn wait(&self, timeout: Option<Duration>) {
+    /// Arms both CQs: the next completion on either raises an event on the
+    /// completion channel. If arming fails (a CQ in error), the wait still
+    /// sleeps, bounded by its timeout, rather than spin; async events
+    /// report the error.
+    fn arm(&self) {
         let i = &self.inner;
-        // Arm both CQs, then look once more: a completion that arrived before
-        // arming raised no event.
-        // If arming fails (a CQ in error), still sleep below, bounded by the
-        // timeout, rather than spin; async events report the error.
-        let armed = i.recv_cq.arm().and_then(|()| i.send_cq.arm());
-        if let Err(e) = &armed {
+        if let Err(e) = i.recv_cq.arm().and_then(|()| i.send_cq.arm()) {
             tracing::error!(error = %e, "cannot arm a completion queue");
         }
-        let mut probe = i.probe.lock().unwrap_or_else(|e| e.into_inner());
-        probe.clear();
-        if self.poll(&mut probe, 1) > 0 {
-            // Put it back in front: the caller polls again right away.
-            i.side
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_front(probe[0]);
+    }
+
+    fn wait(&self, timeout: Option<Duration>) {
+        let i = &self.inner;
+        if !i
+            .side
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
             return;
         }
-        drop(probe);
         let mut fds = [
             libc::pollfd {
                 fd: i.channel.fd(),
