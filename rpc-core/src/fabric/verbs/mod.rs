@@ -256,6 +256,9 @@ struct Side {
 #[derive(Default)]
 struct SideState {
     queue: VecDeque<(u64, Completion)>,
+    /// A real completion `wait` polled and put back: delivered before the
+    /// CQs are polled again, so that completions keep their order.
+    put_back: Option<Completion>,
     /// qp_num -> incarnation of every queue pair alive on this context.
     live: HashMap<u32, u64>,
     next_incarnation: u64,
@@ -368,6 +371,9 @@ impl LiveQp {
             st.live.remove(&n);
         }
         st.queue.retain(|(_, c)| c.qp_num != n);
+        if st.put_back.is_some_and(|c| c.qp_num == n) {
+            st.put_back = None;
+        }
     }
 }
 
@@ -1148,10 +1154,13 @@ impl Fabric for VerbsFabric {
         Ok(())
     }
 
-    /// Made-up completions first, then receive and send completions. The
-    /// caller must handle the whole batch before it polls again: until then,
-    /// the batch's qp numbers are kept from new queue pairs (see
-    /// [`SideState`]). The dispatcher's single poller does exactly that.
+    /// Receive and send completions first, then made-up ones, which only
+    /// come once the CQs are drained: a made-up failure (the peer closed
+    /// its liveness connection) must not overtake the writes that peer
+    /// completed before closing, such as its last replies. The caller must
+    /// handle the whole batch before it polls again: until then, the batch's
+    /// qp numbers are kept from new queue pairs (see [`SideState`]). The
+    /// dispatcher's single poller does exactly that.
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let i = &self.inner;
         if i.polls.fetch_add(1, Ordering::Relaxed) % ASYNC_EVERY == ASYNC_EVERY - 1 {
@@ -1166,33 +1175,40 @@ impl Fabric for VerbsFabric {
             let mut st = i.side.lock();
             st.handed_out.clear();
             parked = std::mem::take(&mut st.parked);
-            while out.len() - start < max {
+            if let Some(c) = st.put_back.take() {
+                if max == 0 {
+                    st.put_back = Some(c);
+                } else if st.live.contains_key(&c.qp_num) {
+                    out.push(c);
+                }
+            }
+            let room = max - (out.len() - start);
+            let got = self.poll_cq(&i.recv_cq, true, &st.live, out, room);
+            // Every receive completion used up one posted receive: replace
+            // it, with any a failed post left owing. "Full" means a top-up
+            // got there first: nothing is owed then.
+            let owed = got as u32 + i.srq_deficit.swap(0, Ordering::AcqRel);
+            if owed > 0 {
+                if let Err((missing, e)) = i.srq.post_zero_length(owed) {
+                    if !is_full(&e) {
+                        i.srq_deficit.fetch_add(missing, Ordering::AcqRel);
+                        tracing::error!(error = %e, missing, "cannot replenish the shared receive queue; will retry");
+                    }
+                }
+            }
+            let mut drained = got < room.min(WC_BATCH);
+            let room = max - (out.len() - start);
+            if room > 0 {
+                let sent = self.poll_cq(&i.send_cq, false, &st.live, out, room);
+                drained &= sent < room.min(WC_BATCH);
+            }
+            while drained && out.len() - start < max {
                 let Some((inc, c)) = st.queue.pop_front() else {
                     break;
                 };
                 if st.live.get(&c.qp_num) == Some(&inc) {
                     out.push(c);
                 }
-            }
-            let n = out.len() - start;
-            if n < max {
-                let got = self.poll_cq(&i.recv_cq, true, &st.live, out, max - n);
-                // Every receive completion used up one posted receive:
-                // replace it, with any a failed post left owing. "Full" means
-                // a top-up got there first: nothing is owed then.
-                let owed = got as u32 + i.srq_deficit.swap(0, Ordering::AcqRel);
-                if owed > 0 {
-                    if let Err((missing, e)) = i.srq.post_zero_length(owed) {
-                        if !is_full(&e) {
-                            i.srq_deficit.fetch_add(missing, Ordering::AcqRel);
-                            tracing::error!(error = %e, missing, "cannot replenish the shared receive queue; will retry");
-                        }
-                    }
-                }
-            }
-            let n = out.len() - start;
-            if n < max {
-                self.poll_cq(&i.send_cq, false, &st.live, out, max - n);
             }
             st.handed_out.extend(out[start..].iter().map(|c| c.qp_num));
         }
@@ -1213,12 +1229,9 @@ impl Fabric for VerbsFabric {
         }
         let mut probe = Vec::new();
         if self.poll(&mut probe, 1) > 0 {
-            // Put it back in front: the caller polls again right away. If its
-            // queue pair is gone already, nothing wants it.
-            let mut st = i.side.lock();
-            if let Some(&inc) = st.live.get(&probe[0].qp_num) {
-                st.queue.push_front((inc, probe[0]));
-            }
+            // Put it back: the caller polls again right away and gets it
+            // first. (If its queue pair is gone by then, nothing wants it.)
+            i.side.lock().put_back = Some(probe[0]);
             return;
         }
         let mut fds = [

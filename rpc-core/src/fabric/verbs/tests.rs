@@ -323,6 +323,32 @@ fn rdma_made_up_completions_never_outlive_their_queue_pair() {
     assert!(st.parked.is_empty() && st.handed_out.is_empty());
 }
 
+/// A made-up failure does not overtake completions already in the CQ: the
+/// writes a peer completed before it closed (its last replies) come first.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_made_up_failure_comes_after_real_completions() {
+    let mut p = verbs_pair();
+    zero_length_writes(&mut p, 7, 3);
+    let gone = Completion {
+        wr_id: 0,
+        qp_num: p.sqp.qp_num(),
+        kind: CompletionKind::Send,
+        status: WcStatus::RetryExceeded,
+    };
+    assert!(p.server.inner.side.push_if_live(p.sqp.qp.incarnation, gone));
+    let got: Vec<Completion> = (0..4).map(|_| c::wait_one(&p.server)).collect();
+    let imms: Vec<u32> = got[..3]
+        .iter()
+        .map(|c| match c.kind {
+            CompletionKind::RecvImm { imm, .. } => imm,
+            CompletionKind::Send => panic!("the made-up failure came first: {got:?}"),
+        })
+        .collect();
+    assert_eq!(imms, [7, 8, 9]);
+    assert_eq!(got[3], gone);
+}
+
 /// The liveness connection has keepalive on, with the documented bound.
 #[test]
 fn keepalive_is_set_on_the_liveness_socket() {
