@@ -170,6 +170,16 @@ impl Channel {
         with_client!(&self.inner.client, c => c.conn.is_alive())
     }
 
+    /// The verbs context under this channel, if it is `rdma://` (tests
+    /// inject device events through it).
+    #[cfg(all(test, feature = "verbs"))]
+    pub(crate) fn verbs_fabric(&self) -> Option<&crate::fabric::verbs::VerbsFabric> {
+        match &self.inner.client {
+            ClientInner::Verbs(c) => Some(&c.ep.fabric),
+            ClientInner::Soft(_) => None,
+        }
+    }
+
     /// Responses dropped because they arrived after their call ended (timed
     /// out or cancelled), or named no call.
     pub fn stale_responses(&self) -> u64 {

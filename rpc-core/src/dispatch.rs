@@ -491,6 +491,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 WcStatus::RnrRetryExceeded => {
                     "peer not ready to receive (RNR retries exhausted)".to_owned()
                 }
+                WcStatus::DeviceError { event } => {
+                    format!("RDMA device error (async event {event})")
+                }
                 s => format!("completion error {s:?}"),
             };
             self.close(&conn, &why);

@@ -137,6 +137,12 @@ pub enum WcStatus {
     RetryExceeded,
     /// Flushed because the queue pair went to the error state.
     Flushed,
+    /// The device reported an asynchronous error for the queue pair, or a
+    /// fatal one for the whole context (device, completion or receive queue).
+    DeviceError {
+        /// The `ibv_event_type`.
+        event: u32,
+    },
     /// Another failure (the fabric's own code in `vendor`).
     Other {
         /// Fabric-specific status value.

@@ -49,7 +49,7 @@ fn status_code(s: WcStatus) -> u8 {
         WcStatus::RnrRetryExceeded => 2,
         WcStatus::RetryExceeded => 3,
         WcStatus::Flushed => 4,
-        WcStatus::Other { .. } => 5,
+        WcStatus::Other { .. } | WcStatus::DeviceError { .. } => 5,
     }
 }
 

@@ -12,9 +12,17 @@
 //! Connections are set up by the [`bootstrap`](crate::bootstrap) handshake
 //! over TCP on the URL's port. That TCP connection stays open as a liveness
 //! channel: when the peer process dies, its kernel closes it, and the
-//! connection fails at once instead of at the next retry timeout. QP errors
+//! connection fails at once instead of at the next retry timeout; TCP
+//! keepalive on it notices a dead host within [`KEEPALIVE_BOUND`]. QP errors
 //! reported as asynchronous events (`ibv_get_async_event`) fail the
-//! connection too.
+//! connection too, and fatal ones (device, CQ or SRQ error) fail every
+//! connection of the context.
+//!
+//! The SRQ is kept full two ways: every receive completion polled posts one
+//! receive (the fast path), and the SRQ limit event tops it up to capacity
+//! when it runs low anyway (receives whose completions were never polled,
+//! such as those of a destroyed queue pair, whose entries mlx5 removes from
+//! the CQ), so a sender meets RNR only when the poller falls behind.
 //!
 //! All `unsafe` code of the crate lives in this module.
 #![allow(unsafe_code)]
@@ -22,18 +30,18 @@
 mod resources;
 
 use ibverbs_sys as ffi;
-use resources::{CompChannel, Context, Cq, Mr, Pd, Qp, Srq};
+use resources::{CompChannel, Context, Cq, Mr, Pd, Qp, Srq, is_full};
 
 use super::{
     Completion, CompletionKind, Connected, Fabric, FabricError, FabricErrorKind, FabricUrl,
     Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus, WriteImm,
 };
 use crate::bootstrap::{self, Acceptor, Hello, HelloFabric};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Send-queue entries per queue pair.
@@ -44,6 +52,24 @@ const MAX_CHAIN: usize = 16;
 const SRQ_MAX: u32 = 8192;
 /// Completions polled per CQ per call.
 const WC_BATCH: usize = 32;
+/// The SRQ limit event fires when fewer than capacity / this receives remain.
+const SRQ_LIMIT_FRACTION: u32 = 4;
+/// Busy polls between two looks at the async event queue (an idle poller
+/// sees events at once: it blocks on their file descriptor).
+const ASYNC_EVERY: u32 = 256;
+
+/// TCP keepalive on the liveness connection: first probe after this much
+/// silence (seconds)...
+const KEEPALIVE_IDLE_S: i32 = 10;
+/// ...then one probe every this many seconds...
+const KEEPALIVE_INTERVAL_S: i32 = 2;
+/// ...and the connection is declared dead after this many unanswered.
+const KEEPALIVE_PROBES: i32 = 5;
+/// The longest a dead host on an idle connection goes unnoticed:
+/// 10 s + 5 × 2 s = 20 s. Unacknowledged data (the handshake's last message)
+/// is bounded the same way by `TCP_USER_TIMEOUT`.
+pub const KEEPALIVE_BOUND: Duration =
+    Duration::from_secs((KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES) as u64);
 
 /// Where the chosen device, port and GID came from.
 #[derive(Debug, Clone)]
@@ -199,20 +225,115 @@ fn choose(url: &FabricUrl) -> Result<(Context, DeviceChoice), FabricError> {
     })
 }
 
-/// State shared with liveness watchers: completions made up in software
-/// (a dead peer, a QP error event) and the wake-up file descriptor.
+/// State shared with liveness watchers and queue pairs: completions made up
+/// in software (a dead peer, an async error event), the queue pairs alive,
+/// and the wake-up file descriptor.
 struct Side {
-    queue: Mutex<VecDeque<Completion>>,
+    state: Mutex<SideState>,
     wake_fd: i32,
 }
 
+/// Made-up completions are keyed by qp number, which the device reuses once
+/// a queue pair is destroyed. Four rules keep a stale one from reaching a
+/// queue pair that reused the number:
+///
+/// - each queue pair gets an incarnation when created; a made-up completion
+///   is queued only while its queue pair's incarnation is live, and popped
+///   only if it still is;
+/// - dropping a queue pair ([`LiveQp`]) retires its incarnation and purges
+///   its queued completions, under the same lock, before the device
+///   destroys it (so before its number can be reused);
+/// - real completions of a queue pair no longer live are dropped when
+///   polled. (mlx5 removes a destroyed queue pair's entries from the CQ;
+///   rxe leaves them, but allocates numbers cyclically, so an entry would
+///   have to stay unpolled through tens of thousands of new queue pairs to
+///   meet a reused number);
+/// - a completion already handed out by [`Fabric::poll`] may still be in the
+///   dispatcher's hands when its queue pair is destroyed. The numbers of the
+///   last batch are remembered until the next `poll` (the dispatcher handles
+///   a whole batch before polling again), and a queue pair created with one
+///   of them is set aside, unused, and another created: the device cannot
+///   hand out a number while a parked queue pair holds it. The parked ones
+///   are destroyed at the next `poll`.
+#[derive(Default)]
+struct SideState {
+    queue: VecDeque<(u64, Completion)>,
+    /// qp_num -> incarnation of every queue pair alive on this context.
+    live: HashMap<u32, u64>,
+    next_incarnation: u64,
+    /// qp numbers of the completions the last `poll` handed out.
+    handed_out: Vec<u32>,
+    /// Queue pairs created with a number in `handed_out`; see above.
+    parked: Vec<Qp>,
+    /// Why the context is unusable, after a fatal async event.
+    fatal: Option<String>,
+}
+
 impl Side {
-    fn push(&self, c: Completion) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(c);
+    fn lock(&self) -> MutexGuard<'_, SideState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `c` if incarnation `inc` of its queue pair is still alive.
+    fn push_if_live(&self, inc: u64, c: Completion) -> bool {
+        let pushed = {
+            let mut st = self.lock();
+            let live = st.live.get(&c.qp_num) == Some(&inc);
+            if live {
+                st.queue.push_back((inc, c));
+            }
+            live
+        };
+        if pushed {
+            self.wake();
+        }
+        pushed
+    }
+
+    /// Queues `c` for whatever incarnation of its queue pair is alive: for
+    /// async events, whose queue pair cannot be destroyed (nor its number
+    /// reused) before the event is acknowledged.
+    fn push_current(&self, c: Completion) -> bool {
+        let pushed = {
+            let mut st = self.lock();
+            match st.live.get(&c.qp_num).copied() {
+                Some(inc) => {
+                    st.queue.push_back((inc, c));
+                    true
+                }
+                None => false,
+            }
+        };
+        if pushed {
+            self.wake();
+        }
+        pushed
+    }
+
+    /// Marks the context unusable and fails every live queue pair.
+    fn fail_all(&self, why: String, event: u32) -> usize {
+        let n = {
+            let mut st = self.lock();
+            if st.fatal.is_none() {
+                st.fatal = Some(why);
+            }
+            let mut live: Vec<(u32, u64)> = st.live.iter().map(|(&q, &i)| (q, i)).collect();
+            live.sort_unstable();
+            for &(qp_num, inc) in &live {
+                st.queue.push_back((
+                    inc,
+                    Completion {
+                        wr_id: 0,
+                        qp_num,
+                        kind: CompletionKind::Send,
+                        status: WcStatus::DeviceError { event },
+                    },
+                ));
+            }
+            live.len()
+        };
         self.wake();
+        n
     }
 
     fn wake(&self) {
@@ -229,6 +350,37 @@ impl Drop for Side {
     }
 }
 
+/// A queue pair registered as live on its context (see [`SideState`]).
+struct LiveQp {
+    qp: Qp,
+    incarnation: u64,
+    side: Arc<Side>,
+}
+
+impl LiveQp {
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    /// Retires this incarnation and purges its made-up completions. Idempotent.
+    fn retire(&self) {
+        let n = self.qp_num();
+        let mut st = self.side.lock();
+        if st.live.get(&n) == Some(&self.incarnation) {
+            st.live.remove(&n);
+        }
+        st.queue.retain(|(_, c)| c.qp_num != n);
+    }
+}
+
+impl Drop for LiveQp {
+    fn drop(&mut self) {
+        // Before `qp` is destroyed (fields drop after this), while the
+        // number is still ours.
+        self.retire();
+    }
+}
+
 struct Inner {
     choice: DeviceChoice,
     srq: Arc<Srq>,
@@ -240,7 +392,13 @@ struct Inner {
     side: Arc<Side>,
     srq_depth: u32,
     /// Receives a failed post left unposted, retried at the next poll.
-    srq_deficit: std::sync::atomic::AtomicU32,
+    srq_deficit: AtomicU32,
+    /// Calls to `poll` (for [`ASYNC_EVERY`]).
+    polls: AtomicU32,
+    /// SRQ limit events handled.
+    srq_limit_events: AtomicU64,
+    /// Receives posted by top-ups after SRQ limit events.
+    srq_topped_up: AtomicU64,
 }
 
 /// A verbs device context with its SRQ and CQs; see the module docs.
@@ -273,13 +431,75 @@ fn set_nonblocking(fd: i32, op: &'static str) -> Result<(), FabricError> {
     Ok(())
 }
 
+/// Turns on TCP keepalive (see [`KEEPALIVE_BOUND`]) and bounds how long
+/// sent data may stay unacknowledged, so a host that vanished without
+/// closing the connection is noticed on an idle connection too.
+fn set_keepalive(stream: &TcpStream) -> Result<(), FabricError> {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    let user_timeout_ms = KEEPALIVE_BOUND.as_millis() as i32;
+    for (level, name, value, op) in [
+        (
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            1,
+            "setsockopt(SO_KEEPALIVE)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            KEEPALIVE_IDLE_S,
+            "setsockopt(TCP_KEEPIDLE)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            KEEPALIVE_INTERVAL_S,
+            "setsockopt(TCP_KEEPINTVL)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPCNT,
+            KEEPALIVE_PROBES,
+            "setsockopt(TCP_KEEPCNT)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            user_timeout_ms,
+            "setsockopt(TCP_USER_TIMEOUT)",
+        ),
+    ] {
+        // SAFETY: `fd` is the stream's open socket; the option value is a
+        // valid c_int whose size is passed along.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(FabricError::io(op, std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
 impl VerbsFabric {
     /// Opens the device the URL or environment selects (see module docs).
     pub fn open(url: &FabricUrl) -> Result<VerbsFabric, FabricError> {
+        VerbsFabric::open_with(url, SRQ_MAX)
+    }
+
+    /// Opens with an SRQ of at most `srq_max` receives.
+    fn open_with(url: &FabricUrl, srq_max: u32) -> Result<VerbsFabric, FabricError> {
         let (ctx, choice) = choose(url)?;
         let ctx = Arc::new(ctx);
         let attr = ctx.query_device()?;
-        let srq_depth = SRQ_MAX.min(attr.max_srq_wr.max(16) as u32 - 1);
+        let srq_depth = srq_max.min(attr.max_srq_wr.max(16) as u32 - 1);
         let cqe = (srq_depth as i32 * 2).min(attr.max_cqe);
         let pd = Arc::new(Pd::new(ctx.clone())?);
         let channel = Arc::new(CompChannel::new(ctx.clone())?);
@@ -288,14 +508,15 @@ impl VerbsFabric {
         let recv_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
         let send_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
         let srq = Arc::new(Srq::new(pd.clone(), srq_depth)?);
-        srq.post_zero_length(srq_depth).map_err(|(_, e)| e)?;
+        srq.fill()?;
+        srq.arm_limit(srq.capacity / SRQ_LIMIT_FRACTION)?;
         // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
         let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if wake_fd < 0 {
             return Err(FabricError::io("eventfd", std::io::Error::last_os_error()));
         }
         let side = Arc::new(Side {
-            queue: Mutex::new(VecDeque::new()),
+            state: Mutex::new(SideState::default()),
             wake_fd,
         });
         tracing::debug!(device = %choice.device, port = choice.port, gid_index = choice.gid_index, "opened RDMA device");
@@ -311,6 +532,9 @@ impl VerbsFabric {
                 side,
                 srq_depth,
                 srq_deficit: 0.into(),
+                polls: 0.into(),
+                srq_limit_events: 0.into(),
+                srq_topped_up: 0.into(),
             }),
         })
     }
@@ -325,7 +549,16 @@ impl VerbsFabric {
         self.inner.srq_depth
     }
 
-    fn poll_cq(&self, cq: &Cq, recv: bool, out: &mut Vec<Completion>, max: usize) -> usize {
+    /// Polls up to `max` entries of `cq`; passes on those of live queue pairs
+    /// and returns how many were polled (passed on or not).
+    fn poll_cq(
+        &self,
+        cq: &Cq,
+        recv: bool,
+        live: &HashMap<u32, u64>,
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> usize {
         // SAFETY: ibv_wc is plain old data; zero is valid.
         let mut wcs: [ffi::ibv_wc; WC_BATCH] = unsafe { std::mem::zeroed() };
         let n = match cq.poll(&mut wcs[..max.min(WC_BATCH)]) {
@@ -336,6 +569,11 @@ impl VerbsFabric {
             }
         };
         for wc in &wcs[..n] {
+            if !live.contains_key(&wc.qp_num) {
+                // Left in the CQ by a queue pair since destroyed (mlx5 cleans
+                // them out at destroy, rxe does not): nothing wants it.
+                continue;
+            }
             let status = match wc.error() {
                 None => WcStatus::Success,
                 Some((s, vendor)) => match s {
@@ -380,7 +618,8 @@ impl VerbsFabric {
         n
     }
 
-    /// Drains asynchronous events: QP errors fail their connection.
+    /// Drains asynchronous events: QP errors fail their connection, fatal
+    /// errors every connection; a low SRQ is topped up.
     fn drain_async(&self) {
         loop {
             // SAFETY: plain old data; zero is valid.
@@ -389,33 +628,76 @@ impl VerbsFabric {
             if unsafe { ffi::ibv_get_async_event(self.inner.ctx.as_ptr(), &mut ev) } != 0 {
                 return;
             }
+            let device = &self.inner.choice.device;
             match ev.event_type {
                 ffi::IBV_EVENT_QP_FATAL
                 | ffi::IBV_EVENT_QP_REQ_ERR
                 | ffi::IBV_EVENT_QP_ACCESS_ERR => {
-                    // SAFETY: for QP events `element.qp` is the QP, valid until the event is acked.
+                    // SAFETY: for QP events `element.qp` is the QP; it cannot
+                    // be destroyed before the event is acked (ibv_destroy_qp
+                    // waits for that), so its number is still its own.
                     let qp_num = unsafe { (*ev.element.qp).qp_num };
                     tracing::warn!(qp_num, event = ev.event_type, "queue pair error event");
-                    self.inner.side.push(Completion {
+                    self.inner.side.push_current(Completion {
                         wr_id: 0,
                         qp_num,
                         kind: CompletionKind::Send,
-                        status: WcStatus::Other {
-                            vendor: ev.event_type,
+                        status: WcStatus::DeviceError {
+                            event: ev.event_type,
                         },
                     });
                 }
-                ffi::IBV_EVENT_DEVICE_FATAL => {
-                    tracing::error!(device = %self.inner.choice.device, "RDMA device fatal error")
+                ffi::IBV_EVENT_SRQ_LIMIT_REACHED => {
+                    self.inner.srq_limit_events.fetch_add(1, Ordering::AcqRel);
+                    self.top_up_srq();
+                }
+                ffi::IBV_EVENT_DEVICE_FATAL | ffi::IBV_EVENT_CQ_ERR | ffi::IBV_EVENT_SRQ_ERR => {
+                    let what = match ev.event_type {
+                        ffi::IBV_EVENT_DEVICE_FATAL => "device fatal error",
+                        ffi::IBV_EVENT_CQ_ERR => "completion queue error",
+                        _ => "shared receive queue error",
+                    };
+                    let failed = self
+                        .inner
+                        .side
+                        .fail_all(format!("RDMA {what} on {device}"), ev.event_type);
+                    tracing::error!(%device, event = ev.event_type, failed, "RDMA {what}: failing every connection");
                 }
                 ffi::IBV_EVENT_PORT_ERR => {
-                    tracing::error!(device = %self.inner.choice.device, "RDMA port went down")
+                    tracing::error!(%device, "RDMA port went down")
                 }
                 other => tracing::debug!(event = other, "RDMA async event"),
             }
             // SAFETY: acknowledging the event we got.
             unsafe { ffi::ibv_ack_async_event(&mut ev) };
         }
+    }
+
+    /// After an SRQ limit event: posts receives until the SRQ is full, then
+    /// re-arms the limit (the event is one-shot). Arming fails on some
+    /// providers when the SRQ is already below the limit again: then fill
+    /// and try again.
+    fn top_up_srq(&self) {
+        let srq = &self.inner.srq;
+        for _ in 0..4 {
+            match srq.fill() {
+                Ok(n) => {
+                    self.inner
+                        .srq_topped_up
+                        .fetch_add(n as u64, Ordering::AcqRel);
+                    tracing::debug!(posted = n, "SRQ limit reached: topped up");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot top up the shared receive queue");
+                    return;
+                }
+            }
+            match srq.arm_limit(srq.capacity / SRQ_LIMIT_FRACTION) {
+                Ok(()) => return,
+                Err(e) => tracing::debug!(error = %e, "re-arming the SRQ limit; filling again"),
+            }
+        }
+        tracing::error!("cannot re-arm the SRQ limit; receives are still reposted per completion");
     }
 
     fn hello(&self, qp: &Qp, psn: u32, local: &LocalSetup<'_, VerbsRegion>) -> Hello {
@@ -435,15 +717,45 @@ impl VerbsFabric {
         }
     }
 
-    fn new_qp(&self) -> Result<Qp, FabricError> {
+    /// Creates a queue pair in INIT, registered as live (see [`SideState`]).
+    fn new_qp(&self) -> Result<LiveQp, FabricError> {
         let i = &self.inner;
-        let qp = Qp::new(
-            i.pd.clone(),
-            i.send_cq.clone(),
-            i.recv_cq.clone(),
-            i.srq.clone(),
-            SQ_DEPTH,
-        )?;
+        let mut attempts = 0;
+        let qp = loop {
+            let qp = Qp::new(
+                i.pd.clone(),
+                i.send_cq.clone(),
+                i.recv_cq.clone(),
+                i.srq.clone(),
+                SQ_DEPTH,
+            )?;
+            let mut st = i.side.lock();
+            if let Some(why) = &st.fatal {
+                return Err(FabricError::unreachable("ibv_create_qp", why.clone()));
+            }
+            let n = qp.qp_num();
+            if st.handed_out.contains(&n) {
+                // Each parked queue pair holds a distinct number of the last
+                // batch, so this ends within a batch's worth of attempts.
+                attempts += 1;
+                if attempts > st.handed_out.len() {
+                    return Err(FabricError::unreachable(
+                        "ibv_create_qp",
+                        "the device keeps handing out qp numbers still in use",
+                    ));
+                }
+                st.parked.push(qp);
+                continue;
+            }
+            let incarnation = st.next_incarnation;
+            st.next_incarnation += 1;
+            st.live.insert(n, incarnation);
+            break LiveQp {
+                qp,
+                incarnation,
+                side: i.side.clone(),
+            };
+        };
         // SAFETY: plain old data; zero is valid.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
@@ -451,7 +763,7 @@ impl VerbsFabric {
         a.port_num = i.choice.port;
         a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         use ffi::ibv_qp_attr_mask as m;
-        qp.modify(
+        qp.qp.modify(
             &mut a,
             (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS).0,
             "ibv_modify_qp(INIT)",
@@ -512,25 +824,25 @@ impl VerbsFabric {
     fn finish(
         &self,
         stream: TcpStream,
-        qp: Qp,
+        qp: LiveQp,
         peer: Hello,
         pending: Option<Hello>,
     ) -> Result<Connected<VerbsQp>, FabricError> {
         stream
             .set_read_timeout(None)
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
+        set_keepalive(&stream)?;
         let peer_addr = stream
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "?".into());
-        let dead = Arc::new(AtomicBool::new(false));
         let watcher = Watcher {
             stream: stream
                 .try_clone()
                 .map_err(|e| FabricError::io("clone socket", e))?,
             side: self.inner.side.clone(),
             qp_num: qp.qp_num(),
-            dead: dead.clone(),
+            incarnation: qp.incarnation,
         };
         std::thread::Builder::new()
             .name(format!("rpc-rdma-live-{}", qp.qp_num()))
@@ -540,7 +852,6 @@ impl VerbsFabric {
             qp: VerbsQp {
                 qp,
                 stream,
-                dead,
                 pending,
             },
             peer: peer.ring,
@@ -560,12 +871,13 @@ fn random_psn() -> u32 {
     (x as u32) & 0x00ff_ffff
 }
 
-/// Watches the handshake's TCP connection: EOF means the peer is gone.
+/// Watches the handshake's TCP connection: EOF (or a keepalive timeout)
+/// means the peer is gone.
 struct Watcher {
     stream: TcpStream,
     side: Arc<Side>,
     qp_num: u32,
-    dead: Arc<AtomicBool>,
+    incarnation: u64,
 }
 
 impl Watcher {
@@ -578,14 +890,16 @@ impl Watcher {
                 break;
             }
         }
-        if !self.dead.swap(true, Ordering::AcqRel) {
+        // Not for a queue pair already dropped (this side closed it): its
+        // number may belong to another one by now.
+        let c = Completion {
+            wr_id: 0,
+            qp_num: self.qp_num,
+            kind: CompletionKind::Send,
+            status: WcStatus::RetryExceeded,
+        };
+        if self.side.push_if_live(self.incarnation, c) {
             tracing::debug!(qp_num = self.qp_num, "peer closed its liveness connection");
-            self.side.push(Completion {
-                wr_id: 0,
-                qp_num: self.qp_num,
-                kind: CompletionKind::Send,
-                status: WcStatus::RetryExceeded,
-            });
         }
     }
 }
@@ -715,9 +1029,8 @@ unsafe fn volatile_copy_from(src: *const u8, dst: &mut [u8]) {
 
 /// A connected RC queue pair, with its liveness connection.
 pub struct VerbsQp {
-    qp: Qp,
+    qp: LiveQp,
     stream: TcpStream,
-    dead: Arc<AtomicBool>,
     pending: Option<Hello>,
 }
 
@@ -777,7 +1090,7 @@ impl QueuePair for VerbsQp {
                 if wr.signaled {
                     flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
                 }
-                if len > 0 && len <= self.qp.max_inline as usize {
+                if len > 0 && len <= self.qp.qp.max_inline as usize {
                     flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
                 }
                 w.send_flags = flags;
@@ -800,14 +1113,14 @@ impl QueuePair for VerbsQp {
             // the region alive longer than the queue pair and reuses its
             // bytes only after the peer released them (which implies the
             // write was executed).
-            unsafe { self.qp.post_send(&mut wrs[0]) }?;
+            unsafe { self.qp.qp.post_send(&mut wrs[0]) }?;
             first += n;
         }
         Ok(())
     }
 
     fn send_queue_depth(&self) -> usize {
-        self.qp.sq_depth as usize
+        self.qp.qp.sq_depth as usize
     }
 
     fn established(&mut self) -> Result<(), FabricError> {
@@ -820,7 +1133,9 @@ impl QueuePair for VerbsQp {
 
 impl Drop for VerbsQp {
     fn drop(&mut self) {
-        self.dead.store(true, Ordering::Release);
+        // Retired first, so our own watcher, woken by the shutdown, queues
+        // nothing; the queue pair itself is destroyed after this (field drop).
+        self.qp.retire();
         // The peer's watcher sees EOF: its side of the connection fails now.
         let _ = self.stream.shutdown(Shutdown::Both);
     }
@@ -857,47 +1172,72 @@ impl Fabric for VerbsFabric {
     }
 
     /// Does nothing: this fabric keeps its SRQ full by itself. It fills the
-    /// SRQ to capacity when opened and posts one receive for every receive
-    /// completion it polls. The dispatcher provisions for the worst case of
-    /// every connection at once, more than a device SRQ holds; a burst beyond
-    /// capacity is covered by RNR retries (`rnr_retry = 7` retries without
-    /// limit), which delay a sender while receives are reposted, never fail it.
+    /// SRQ to capacity when opened, posts one receive for every receive
+    /// completion it polls, and tops the SRQ up to capacity when the device
+    /// raises the SRQ limit event (a quarter left), which covers receives
+    /// whose completions are never polled. The dispatcher provisions for the
+    /// worst case of every connection at once, more than a device SRQ holds;
+    /// a burst beyond capacity is covered by RNR retries (`rnr_retry = 7`
+    /// retries without limit), which delay a sender while receives are
+    /// reposted, never fail it.
     fn post_recv(&self, _count: u32) -> Result<(), FabricError> {
         Ok(())
     }
 
+    /// Receive and send completions first, then made-up ones, which only
+    /// come once the CQs are drained: a made-up failure (the peer closed
+    /// its liveness connection) must not overtake the writes that peer
+    /// completed before closing, such as its last replies. The caller must
+    /// handle the whole batch before it polls again: until then, the batch's
+    /// qp numbers are kept from new queue pairs (see [`SideState`]). The
+    /// dispatcher's single poller does exactly that.
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
-        let mut n = 0;
-        {
-            let mut side = self
-                .inner
-                .side
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            while n < max {
-                let Some(c) = side.pop_front() else { break };
-                out.push(c);
-                n += 1;
-            }
+        let i = &self.inner;
+        if i.polls.fetch_add(1, Ordering::Relaxed) % ASYNC_EVERY == ASYNC_EVERY - 1 {
+            // A busy poller never blocks on the async fd: look now and then.
+            self.drain_async();
         }
-        if n < max {
-            let got = self.poll_cq(&self.inner.recv_cq, true, out, max - n);
+        let start = out.len();
+        let parked;
+        {
+            // Held while polling the CQs too, so that `new_qp` sees every
+            // number this batch hands out.
+            let mut st = i.side.lock();
+            st.handed_out.clear();
+            parked = std::mem::take(&mut st.parked);
+            let room = max;
+            let got = self.poll_cq(&i.recv_cq, true, &st.live, out, room);
             // Every receive completion used up one posted receive: replace
-            // it, with any a failed post left owing.
-            let owed = got as u32 + self.inner.srq_deficit.swap(0, Ordering::AcqRel);
+            // it, with any a failed post left owing. "Full" means a top-up
+            // got there first: nothing is owed then.
+            let owed = got as u32 + i.srq_deficit.swap(0, Ordering::AcqRel);
             if owed > 0 {
-                if let Err((missing, e)) = self.inner.srq.post_zero_length(owed) {
-                    self.inner.srq_deficit.fetch_add(missing, Ordering::AcqRel);
-                    tracing::error!(error = %e, missing, "cannot replenish the shared receive queue; will retry");
+                if let Err((missing, e)) = i.srq.post_zero_length(owed) {
+                    if !is_full(&e) {
+                        i.srq_deficit.fetch_add(missing, Ordering::AcqRel);
+                        tracing::error!(error = %e, missing, "cannot replenish the shared receive queue; will retry");
+                    }
                 }
             }
-            n += got;
+            let mut drained = got < room.min(WC_BATCH);
+            let room = max - (out.len() - start);
+            if room > 0 {
+                let sent = self.poll_cq(&i.send_cq, false, &st.live, out, room);
+                drained &= sent < room.min(WC_BATCH);
+            }
+            while drained && out.len() - start < max {
+                let Some((inc, c)) = st.queue.pop_front() else {
+                    break;
+                };
+                if st.live.get(&c.qp_num) == Some(&inc) {
+                    out.push(c);
+                }
+            }
+            st.handed_out.extend(out[start..].iter().map(|c| c.qp_num));
         }
-        if n < max {
-            n += self.poll_cq(&self.inner.send_cq, false, out, max - n);
-        }
-        n
+        // The last batch is handled: the numbers parked for it are free.
+        drop(parked);
+        out.len() - start
     }
 
     /// Arms both CQs: the next completion on either raises an event on the
@@ -913,13 +1253,7 @@ impl Fabric for VerbsFabric {
 
     fn wait(&self, timeout: Option<Duration>) {
         let i = &self.inner;
-        if !i
-            .side
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-        {
+        if !i.side.lock().queue.is_empty() {
             return;
         }
         let mut fds = [
@@ -992,9 +1326,9 @@ impl Fabric for VerbsFabric {
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
         let qp = self.new_qp()?;
         let psn = random_psn();
-        bootstrap::send(&mut stream, &self.hello(&qp, psn, &local))?;
+        bootstrap::send(&mut stream, &self.hello(&qp.qp, psn, &local))?;
         let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
-        self.connect_qp(&qp, psn, &peer)?;
+        self.connect_qp(&qp.qp, psn, &peer)?;
         self.finish(stream, qp, peer, None)
     }
 
@@ -1012,8 +1346,8 @@ impl Fabric for VerbsFabric {
         let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
         let qp = self.new_qp()?;
         let psn = random_psn();
-        self.connect_qp(&qp, psn, &peer)?;
-        let hello = self.hello(&qp, psn, &local);
+        self.connect_qp(&qp.qp, psn, &peer)?;
+        let hello = self.hello(&qp.qp, psn, &local);
         self.finish(stream, qp, peer, Some(hello))
     }
 }

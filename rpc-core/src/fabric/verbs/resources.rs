@@ -261,7 +261,14 @@ impl Drop for Cq {
 /// A shared receive queue.
 pub(super) struct Srq {
     pub(super) ptr: NonNull<ffi::ibv_srq>,
+    /// Receives it holds at most, as the device granted (at least what was asked).
+    pub(super) capacity: u32,
     _pd: Arc<Pd>,
+}
+
+/// Whether `e` is the provider saying a work queue is full (`ENOMEM`).
+pub(super) fn is_full(e: &FabricError) -> bool {
+    matches!(&e.kind, crate::fabric::FabricErrorKind::Io(io) if io.raw_os_error() == Some(libc::ENOMEM))
 }
 
 // SAFETY: posting to an SRQ is thread-safe in libibverbs.
@@ -280,10 +287,60 @@ impl Srq {
         init.attr.max_sge = 1;
         // SAFETY: the PD is alive and `init` is valid.
         let ptr = unsafe { ffi::ibv_create_srq(pd.ptr.as_ptr(), &mut init) };
-        Ok(Srq {
+        let mut srq = Srq {
             ptr: NonNull::new(ptr).ok_or_else(|| os_error("ibv_create_srq"))?,
+            capacity: max_wr,
             _pd: pd,
-        })
+        };
+        // Providers round the size up (rxe: 256 asked, 511 granted) and do
+        // not all write it back into `init`: ask.
+        srq.capacity = srq.query()?.0.max(max_wr);
+        Ok(srq)
+    }
+
+    /// Posts zero-length receives until the device says the SRQ is full
+    /// (`ENOMEM`, which is not an error here); returns how many were posted.
+    /// Bounded by twice the capacity, so a provider that never says full
+    /// cannot make it loop.
+    pub(super) fn fill(&self) -> Result<u32, FabricError> {
+        let mut posted = 0u32;
+        while posted <= self.capacity.saturating_mul(2) {
+            match self.post_zero_length(RECV_BATCH as u32) {
+                Ok(()) => posted += RECV_BATCH as u32,
+                Err((missing, e)) => {
+                    posted += RECV_BATCH as u32 - missing;
+                    return if is_full(&e) { Ok(posted) } else { Err(e) };
+                }
+            }
+        }
+        Ok(posted)
+    }
+
+    /// The SRQ's current attributes: (max_wr, srq_limit).
+    pub(super) fn query(&self) -> Result<(u32, u32), FabricError> {
+        // SAFETY: plain old data; zero is valid.
+        let mut attr: ffi::ibv_srq_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the SRQ is alive and `attr` is a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_srq(self.ptr.as_ptr(), &mut attr) };
+        if rc != 0 {
+            return Err(rc_error("ibv_query_srq", rc));
+        }
+        Ok((attr.max_wr, attr.srq_limit))
+    }
+
+    /// Arms the limit event: `IBV_EVENT_SRQ_LIMIT_REACHED` is raised once
+    /// when fewer than `limit` receives remain posted.
+    pub(super) fn arm_limit(&self, limit: u32) -> Result<(), FabricError> {
+        // SAFETY: plain old data; zero is valid.
+        let mut attr: ffi::ibv_srq_attr = unsafe { std::mem::zeroed() };
+        attr.srq_limit = limit;
+        // SAFETY: the SRQ is alive and `attr` is valid for IBV_SRQ_LIMIT.
+        let rc =
+            unsafe { ffi::ibv_modify_srq(self.ptr.as_ptr(), &mut attr, ffi::IBV_SRQ_LIMIT as i32) };
+        if rc != 0 {
+            return Err(rc_error("ibv_modify_srq(srq_limit)", rc));
+        }
+        Ok(())
     }
 
     /// Posts `count` zero-length receives (write-with-imm places no data in

@@ -67,7 +67,7 @@ fn rdma_queue_pairs_are_created_on_the_context_srq_and_cqs() {
     let inner = &p.server.inner;
     // SAFETY: reading plain fields of a live QP.
     let (srq, scq, rcq) = unsafe {
-        let qp = p.sqp.qp.ptr.as_ptr();
+        let qp = p.sqp.qp.qp.ptr.as_ptr();
         ((*qp).srq, (*qp).send_cq, (*qp).recv_cq)
     };
     assert_eq!(
@@ -77,6 +77,317 @@ fn rdma_queue_pairs_are_created_on_the_context_srq_and_cqs() {
     );
     assert_eq!(scq, inner.send_cq.ptr.as_ptr());
     assert_eq!(rcq, inner.recv_cq.ptr.as_ptr());
+}
+
+/// Posts `count` zero-length writes from the client to the server's ring,
+/// immediates `first..`, and waits until the device acknowledged all of them.
+fn zero_length_writes(p: &mut c::Pair<VerbsFabric>, first: u32, count: u32) {
+    let mut posted = 0;
+    while posted < count {
+        let chunk = (count - posted).min(SQ_DEPTH / 2);
+        for k in posted..posted + chunk {
+            let wr = WriteImm {
+                wr_id: u64::from(first + k),
+                local: None,
+                remote_addr: p.s_peer.addr,
+                rkey: p.s_peer.rkey,
+                imm: first + k,
+                signaled: true,
+            };
+            p.cqp.post_write_imm(&wr).unwrap();
+        }
+        for _ in 0..chunk {
+            let c = c::wait_one(&p.client);
+            assert_eq!(
+                (c.kind, c.status),
+                (CompletionKind::Send, WcStatus::Success)
+            );
+        }
+        posted += chunk;
+    }
+}
+
+/// Handles async events until `done` holds, for up to 20 s.
+fn drain_async_until(f: &VerbsFabric, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "no SRQ limit event");
+        f.drain_async();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Receives consumed without their completions ever being polled (as when a
+/// queue pair is destroyed with completions pending and mlx5 removes them
+/// from the CQ) are not reposted per completion; the SRQ limit event tops
+/// the SRQ up to capacity instead, and is re-armed for the next time.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_srq_limit_event_tops_the_srq_up() {
+    let server = VerbsFabric::open_with(&FabricUrl::parse(&url()).unwrap(), 256).unwrap();
+    let mut p = c::pair(server, open(), &url());
+    let s = p.server.inner.clone();
+    let cap = s.srq.capacity;
+    let (max_wr, armed) = s.srq.query().unwrap();
+    assert_eq!(max_wr, cap);
+    assert_eq!(armed, cap / SRQ_LIMIT_FRACTION, "the limit is armed");
+    assert_eq!(s.srq.fill().unwrap(), 0, "the SRQ was filled to capacity");
+    let limit = cap / SRQ_LIMIT_FRACTION;
+    // Below the limit, without running dry (no RNR needed).
+    let n = cap - limit + 8;
+    assert!(
+        cap - n < limit && n < cap,
+        "capacity {cap}: {n} writes cross the limit"
+    );
+    let events = || s.srq_limit_events.load(Ordering::Acquire);
+    let topped = || s.srq_topped_up.load(Ordering::Acquire);
+    assert_eq!((events(), topped()), (0, 0));
+
+    // Nothing polled on the server: only the limit event can repost.
+    zero_length_writes(&mut p, 0, n);
+    drain_async_until(&p.server, || events() >= 1);
+    assert_eq!(events(), 1);
+    assert_eq!(
+        topped(),
+        u64::from(n),
+        "topped up by exactly the receives consumed"
+    );
+
+    // The completions are still there; polling them reposts per completion,
+    // which finds the SRQ full: no error, nothing owed.
+    for k in 0..n {
+        let c = c::wait_one(&p.server);
+        assert_eq!(
+            (c.qp_num, c.kind, c.status),
+            (
+                p.sqp.qp_num(),
+                CompletionKind::RecvImm {
+                    imm: k,
+                    byte_len: 0
+                },
+                WcStatus::Success
+            )
+        );
+    }
+    assert_eq!(s.srq_deficit.load(Ordering::Acquire), 0);
+
+    // Re-armed: the next drain below the limit raises it again.
+    zero_length_writes(&mut p, n, n);
+    drain_async_until(&p.server, || events() >= 2);
+    assert_eq!((events(), topped()), (2, 2 * u64::from(n)));
+    for k in n..2 * n {
+        let c = c::wait_one(&p.server);
+        assert_eq!(
+            c.kind,
+            CompletionKind::RecvImm {
+                imm: k,
+                byte_len: 0
+            }
+        );
+    }
+}
+
+/// A fatal async event (device, CQ or SRQ error) fails every connection of
+/// the context, and the context makes no new queue pairs.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_fatal_event_fails_every_connection() {
+    let p = verbs_pair();
+    let client2 = open();
+    let ring2 = client2.register(c::RING, true).unwrap();
+    let (sqp2, _s_ring2, _cqp2, _peer2) = c::connect(&p.server, &p.listener, &client2, &ring2);
+    let failed = p
+        .server
+        .inner
+        .side
+        .fail_all("test: device fatal".into(), ffi::IBV_EVENT_DEVICE_FATAL);
+    assert_eq!(failed, 2);
+    let event = ffi::IBV_EVENT_DEVICE_FATAL;
+    let mut got: Vec<(u32, WcStatus)> = (0..2)
+        .map(|_| {
+            let c = c::next_not_send(&p.server);
+            (c.qp_num, c.status)
+        })
+        .collect();
+    got.sort_unstable_by_key(|g| g.0);
+    let mut want = vec![
+        (p.sqp.qp_num(), WcStatus::DeviceError { event }),
+        (sqp2.qp_num(), WcStatus::DeviceError { event }),
+    ];
+    want.sort_unstable_by_key(|w| w.0);
+    assert_eq!(got, want);
+    let err = p
+        .server
+        .new_qp()
+        .err()
+        .expect("no queue pair after a fatal error");
+    assert!(err.to_string().contains("device fatal"), "{err}");
+}
+
+/// End to end: a fatal device event fails the pending call of a channel on
+/// that context with `Unavailable`, and the channel stays failed.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_fatal_event_fails_pending_calls_with_unavailable() {
+    use crate::codegen::{MethodDescriptor, ServiceDescriptor, method_id};
+    use crate::{Channel, Code, Request, Response, Server, ServerCall, Service};
+    static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor {
+        name: "t.Slow",
+        methods: &[MethodDescriptor {
+            name: "Slow",
+            path: "/t.Slow/Slow",
+            id: method_id("/t.Slow/Slow"),
+        }],
+    };
+    struct Slow;
+    impl Service for Slow {
+        fn descriptor(&self) -> &'static ServiceDescriptor {
+            &DESCRIPTOR
+        }
+        fn call(&self, call: ServerCall) {
+            call.unary(|_: Request<()>| {
+                std::thread::sleep(Duration::from_secs(2));
+                Ok(Response::new(()))
+            });
+        }
+    }
+    let server = Server::builder().add_service(Slow).serve(&url()).unwrap();
+    let ch = Channel::connect(server.local_url()).unwrap();
+    let call = ch.unary::<(), ()>(&DESCRIPTOR.methods[0], Request::new(()));
+    let fabric = ch.verbs_fabric().expect("an rdma:// channel");
+    let failed = fabric
+        .inner
+        .side
+        .fail_all("test: device fatal".into(), ffi::IBV_EVENT_DEVICE_FATAL);
+    assert_eq!(failed, 1, "the channel's one queue pair");
+    let e = call.wait().unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("RDMA device error"), "{e}");
+    assert!(!ch.is_connected());
+    let e = ch
+        .unary::<(), ()>(&DESCRIPTOR.methods[0], Request::new(()))
+        .wait()
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+}
+
+/// Made-up completions never reach a queue pair other than the one they
+/// were made for: dropping a queue pair purges them and stops its watcher,
+/// and a new queue pair never gets a number the last poll handed out.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_made_up_completions_never_outlive_their_queue_pair() {
+    let p = verbs_pair();
+    let side = p.server.inner.side.clone();
+    let n = p.sqp.qp_num();
+    let inc = p.sqp.qp.incarnation;
+    let made_up = Completion {
+        wr_id: 0,
+        qp_num: n,
+        kind: CompletionKind::Send,
+        status: WcStatus::RetryExceeded,
+    };
+    assert!(side.push_if_live(inc, made_up));
+    assert_eq!(side.lock().queue.len(), 1);
+    drop(p.sqp);
+    {
+        let st = side.lock();
+        assert!(st.queue.is_empty(), "purged with its queue pair");
+        assert!(!st.live.contains_key(&n));
+    }
+    assert!(
+        !side.push_if_live(inc, made_up),
+        "nothing queued for a dead one"
+    );
+    let mut out = Vec::new();
+    assert_eq!(p.server.poll(&mut out, 8), 0, "{out:?}");
+
+    // A batch handed out these numbers (the device allocates them in
+    // sequence, so the next queue pairs would get some of them).
+    let probe = p.server.new_qp().unwrap();
+    let next: Vec<u32> = (1..=8).map(|k| probe.qp_num() + k).collect();
+    side.lock().handed_out = next.clone();
+    let qp = p.server.new_qp().unwrap();
+    assert!(
+        !next.contains(&qp.qp_num()),
+        "{} was handed out",
+        qp.qp_num()
+    );
+    assert!(
+        !side.lock().parked.is_empty(),
+        "numbers in use were set aside"
+    );
+    // The next poll means the batch was handled: the parked ones go.
+    p.server.poll(&mut out, 8);
+    let st = side.lock();
+    assert!(st.parked.is_empty() && st.handed_out.is_empty());
+}
+
+/// A made-up failure does not overtake completions already in the CQ: the
+/// writes a peer completed before it closed (its last replies) come first.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_made_up_failure_comes_after_real_completions() {
+    let mut p = verbs_pair();
+    zero_length_writes(&mut p, 7, 3);
+    let gone = Completion {
+        wr_id: 0,
+        qp_num: p.sqp.qp_num(),
+        kind: CompletionKind::Send,
+        status: WcStatus::RetryExceeded,
+    };
+    assert!(p.server.inner.side.push_if_live(p.sqp.qp.incarnation, gone));
+    let got: Vec<Completion> = (0..4).map(|_| c::wait_one(&p.server)).collect();
+    let imms: Vec<u32> = got[..3]
+        .iter()
+        .map(|c| match c.kind {
+            CompletionKind::RecvImm { imm, .. } => imm,
+            CompletionKind::Send => panic!("the made-up failure came first: {got:?}"),
+        })
+        .collect();
+    assert_eq!(imms, [7, 8, 9]);
+    assert_eq!(got[3], gone);
+}
+
+/// The liveness connection has keepalive on, with the documented bound.
+#[test]
+fn keepalive_is_set_on_the_liveness_socket() {
+    use std::os::fd::AsRawFd;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    set_keepalive(&stream).unwrap();
+    let get = |level, name| {
+        let mut v: i32 = -1;
+        let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+        // SAFETY: valid out-pointers for a c_int option of an open socket.
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                level,
+                name,
+                (&mut v as *mut i32).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        v
+    };
+    assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+    let idle = get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE);
+    let intvl = get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL);
+    let cnt = get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT);
+    assert_eq!(
+        (idle, intvl, cnt),
+        (KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES)
+    );
+    assert_eq!(
+        Duration::from_secs((idle + intvl * cnt) as u64),
+        KEEPALIVE_BOUND
+    );
+    assert_eq!(
+        get(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) as u128,
+        KEEPALIVE_BOUND.as_millis()
+    );
 }
 
 #[test]
