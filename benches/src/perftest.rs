@@ -34,8 +34,7 @@ pub fn device_of(url: &str) -> Result<(String, u8, u8), String> {
 
 /// Runs both perftest pairs for `url`'s device and host.
 pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
-    let lat_bin = find("ib_write_lat")?;
-    let bw_bin = find("ib_write_bw")?;
+    let (lat_bin, bw_bin) = tools()?;
     let host = FabricUrl::parse(url)
         .map_err(|e| format!("{url}: {e}"))?
         .host;
@@ -210,6 +209,12 @@ pub fn parse_bw(output: &str, size: usize) -> Option<Bw> {
         avg_mbps: f[3],
         msg_rate_mpps: f[4],
     })
+}
+
+/// Where `ib_write_lat` and `ib_write_bw` are; `Err` says how to install
+/// them. `rpc-bench` checks this before measuring anything.
+pub fn tools() -> Result<(PathBuf, PathBuf), String> {
+    Ok((find("ib_write_lat")?, find("ib_write_bw")?))
 }
 
 fn find(name: &str) -> Result<PathBuf, String> {

@@ -230,6 +230,15 @@ pub fn render(
             );
         }
         md.push('\n');
+        if base_kind == Kind::Perftest {
+            md.push_str(
+                "`ib_write_lat` keeps one write outstanding whatever the concurrency, so \
+                 above concurrency 1 the verbs p50 is still a single write's round trip, \
+                 and `ratio_p50_vs_verbs` there includes the queueing of C calls on our \
+                 side that the baseline does not have. `ib_write_bw` runs with C writes \
+                 outstanding (`-t C`).\n\n",
+            );
+        }
 
         let sizes: Vec<usize> = {
             let mut s: Vec<usize> = ours.iter().map(|r| r.size).collect();

@@ -34,6 +34,12 @@ fn run(o: &Options) -> i32 {
         calls: o.calls,
         warmup: o.warmup,
     };
+    if o.baseline == Some(Baseline::Perftest) {
+        if let Err(e) = perftest::tools() {
+            eprintln!("rpc-bench: {e}");
+            return 1;
+        }
+    }
     let run = RpcRun {
         url: o.url.clone(),
         params,
