@@ -14,8 +14,8 @@
 //! threads that run are the framework's own (pollers, workers) plus one
 //! caller, at any concurrency, and what grows with concurrency is what the
 //! framework must handle: calls in flight on its rings. At concurrency 1 the
-//! driver parks between calls exactly like a blocking caller (the poller
-//! wakes it), so single-call latency is the same either way.
+//! call blocks in `UnaryCall::wait`, as a synchronous caller's does: the
+//! waiting thread polls for its own response.
 //!
 //! The clock runs from just before the call is issued (encoding included)
 //! to its decoded reply; building the request payload and checking the
@@ -146,6 +146,25 @@ pub fn drive(
     let next = Cell::new(first);
     let end = first + calls;
     let tally = RefCell::new(Tally::default());
+    if concurrency <= 1 {
+        // One call at a time: block in `wait`, as a synchronous caller does.
+        let start = Instant::now();
+        for seq in first..end {
+            let request = EchoRequest {
+                payload: payload::make(size, seq),
+            };
+            let client = &clients[(seq as usize) % clients.len()];
+            let t = Instant::now();
+            let reply = client.echo(request).wait();
+            let latency = t.elapsed();
+            let outcome = match reply {
+                Ok(r) => payload::check(&r.into_inner().payload, size, seq),
+                Err(status) => Err(format!("call {seq}: {status}")),
+            };
+            tally.borrow_mut().record(latency, outcome);
+        }
+        return (tally.into_inner(), start.elapsed());
+    }
     let lanes = (0..concurrency.max(1)).map(|lane| {
         let client = &clients[lane % clients.len()];
         let (next, tally) = (&next, &tally);

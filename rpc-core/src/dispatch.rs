@@ -361,7 +361,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
 
     /// Handles completions on the calling thread until `done()` holds or
     /// none came for the spin time; returns `done()`. Meanwhile the poller
-    /// thread naps instead of competing for the queue.
+    /// thread naps instead of competing for the queue. One caller polls at
+    /// a time: if another already does, returns at once.
     ///
     /// `others_waiting()` tells, once the last polling caller stops, whether
     /// anyone else still needs completions handled: then the poller thread
@@ -371,7 +372,12 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         done: impl Fn() -> bool,
         others_waiting: impl FnOnce() -> bool,
     ) -> bool {
-        self.callers_polling.fetch_add(1, Ordering::SeqCst);
+        if self.callers_polling.fetch_add(1, Ordering::SeqCst) > 0 {
+            // Another caller polls, and completes this call too: spinning
+            // alongside it would only take a core from it.
+            self.callers_polling.fetch_sub(1, Ordering::SeqCst);
+            return done();
+        }
         let mut idle_since = None;
         let mut spins = 0u32;
         let finished = loop {
@@ -442,6 +448,12 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 drop(st);
                 idle_since = None;
                 next_tick = self.tick(next_tick, Instant::now());
+                continue;
+            }
+            // Spinning: read the clock only now and then.
+            if idle_since.is_some() && spins % 16 != 0 {
+                drop(st);
+                spin_pause(&mut spins);
                 continue;
             }
             let now = Instant::now();

@@ -24,7 +24,7 @@ use super::{
     Region, Scheme, WcStatus, WriteImm,
 };
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,9 @@ impl std::fmt::Debug for SoftFabric {
 pub(crate) struct Ctx {
     regions: Mutex<HashMap<u32, Weak<RegionInner>>>,
     cq: Mutex<Cq>,
+    /// Entries in `cq`: lets a spinning poller see an empty queue without
+    /// taking the lock the producers need.
+    cq_len: AtomicUsize,
     cq_cond: Condvar,
     srq: AtomicU64,
     srq_waiters: Mutex<usize>,
@@ -75,6 +78,7 @@ impl Ctx {
     pub(crate) fn push(&self, c: Completion) {
         let mut cq = self.cq.lock().unwrap_or_else(|e| e.into_inner());
         cq.entries.push_back(c);
+        self.cq_len.fetch_add(1, Ordering::Release);
         if cq.sleeping {
             self.cq_cond.notify_one();
         }
@@ -184,6 +188,7 @@ impl SoftFabric {
             ctx: Arc::new(Ctx {
                 regions: Mutex::new(HashMap::new()),
                 cq: Mutex::new(Cq::default()),
+                cq_len: AtomicUsize::new(0),
                 cq_cond: Condvar::new(),
                 srq: AtomicU64::new(0),
                 srq_waiters: Mutex::new(0),
@@ -455,9 +460,13 @@ impl Fabric for SoftFabric {
     }
 
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        if self.ctx.cq_len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let mut cq = self.ctx.cq.lock().unwrap_or_else(|e| e.into_inner());
         let n = cq.entries.len().min(max);
         out.extend(cq.entries.drain(..n));
+        self.ctx.cq_len.fetch_sub(n, Ordering::Release);
         n
     }
 
