@@ -6,7 +6,7 @@ use std::path::PathBuf;
 pub const USAGE: &str = "\
 usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
                  [--connections K] [--warmup N] [--json FILE]
-                 [--baseline tonic|perftest|channel] [--inline-handlers]
+                 [--baseline tonic|perftest|channel] [--inline-handlers] [--spin-us N]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
@@ -23,6 +23,8 @@ process, alternating with ours in up to 5 rounds; perftest runs afterwards):
   channel   a crossbeam-channel ping-pong between two threads
 --json FILE appends every line as a JSON record (JSON Lines).
 --inline-handlers runs the echo handler on the server's poller thread.
+--spin-us N sets how long server and client poll an idle queue before they
+sleep (the builders' spin(); default 50 µs).
 Exit code: 0, 1 if any call failed or a baseline could not run, 2 on bad arguments.";
 
 /// A baseline measured in the same invocation.
@@ -57,6 +59,8 @@ pub struct Options {
     pub baseline: Option<Baseline>,
     /// Run the handler on the server's poller thread.
     pub inline_handlers: bool,
+    /// How long server and client spin before they sleep (None: default).
+    pub spin: Option<std::time::Duration>,
 }
 
 impl Options {
@@ -72,6 +76,7 @@ impl Options {
         let mut json = None;
         let mut baseline = None;
         let mut inline_handlers = false;
+        let mut spin = None;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             let (name, inline_value) = match arg.split_once('=') {
@@ -105,6 +110,9 @@ impl Options {
                     })
                 }
                 "--inline-handlers" if inline_value.is_none() => inline_handlers = true,
+                "--spin-us" => {
+                    spin = Some(std::time::Duration::from_micros(number(&name, &value()?)?))
+                }
                 "--help" | "-h" => return Ok(None),
                 _ => return Err(format!("unexpected argument {arg:?}")),
             }
@@ -143,6 +151,7 @@ impl Options {
             json,
             baseline,
             inline_handlers,
+            spin,
         }))
     }
 

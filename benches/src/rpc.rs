@@ -45,14 +45,24 @@ pub struct RpcRun {
     pub params: Params,
     /// Run the echo handler on the server's poller thread.
     pub inline_handlers: bool,
+    /// How long server and clients spin before they sleep (None: default).
+    pub spin: Option<Duration>,
 }
 
 /// Serves the echo service on `url`, with the defaults a user gets (plus
 /// `inline_handlers`).
-pub fn serve(url: &str, inline_handlers: bool) -> Result<ServerHandle, String> {
-    Server::builder()
+pub fn serve(
+    url: &str,
+    inline_handlers: bool,
+    spin: Option<Duration>,
+) -> Result<ServerHandle, String> {
+    let mut builder = Server::builder()
         .add_service(EchoServer::new(EchoService))
-        .inline_handlers(inline_handlers)
+        .inline_handlers(inline_handlers);
+    if let Some(spin) = spin {
+        builder = builder.spin(spin);
+    }
+    builder
         .serve(url)
         .map_err(|s| format!("cannot serve on {url}: {}", s.message()))
 }
@@ -71,12 +81,15 @@ impl RpcBench {
     /// Starts the server and opens the connections. `Err` when either
     /// cannot be set up.
     pub fn start(run: &RpcRun) -> Result<RpcBench, String> {
-        let server = serve(&run.url, run.inline_handlers)?;
+        let server = serve(&run.url, run.inline_handlers, run.spin)?;
         let url = server.local_url().to_owned();
         let mut clients = Vec::with_capacity(run.params.connections);
         for _ in 0..run.params.connections.max(1) {
-            let channel = Channel::builder(&url)
-                .timeout(CALL_TIMEOUT)
+            let mut builder = Channel::builder(&url).timeout(CALL_TIMEOUT);
+            if let Some(spin) = run.spin {
+                builder = builder.spin(spin);
+            }
+            let channel = builder
                 .connect()
                 .map_err(|s| format!("cannot connect to {url}: {}", s.message()))?;
             clients.push(EchoClient::new(channel));

@@ -38,6 +38,7 @@ fn ours(url: &str, p: Params) -> Measurement {
         url: url.into(),
         params: p,
         inline_handlers: false,
+        spin: None,
     })
     .expect("server and connections come up")
 }
@@ -76,6 +77,7 @@ fn large_payloads_and_inline_handlers() {
         url: "mem://rpc-bench-large".into(),
         params: p,
         inline_handlers: true,
+        spin: None,
     })
     .unwrap();
     assert_sane(&m, 50);

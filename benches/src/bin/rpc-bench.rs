@@ -44,6 +44,7 @@ fn run(o: &Options) -> i32 {
         url: o.url.clone(),
         params,
         inline_handlers: o.inline_handlers,
+        spin: o.spin,
     };
     let mut ours_bench = match RpcBench::start(&run) {
         Ok(b) => b,
