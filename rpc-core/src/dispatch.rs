@@ -302,8 +302,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let planned = self.planned_wake.load(Ordering::SeqCst);
         if planned != 0 && at < planned {
             self.fabric.interrupt();
+            self.unpark_poller();
         }
-        self.ensure_polled();
     }
 
     /// Runs the role's timers if due (or if someone asked); returns the next tick.
@@ -429,7 +429,15 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                     let nap = next_tick
                         .saturating_duration_since(now)
                         .clamp(Duration::from_micros(20), CALLER_POLL_NAP);
-                    std::thread::park_timeout(nap);
+                    self.planned_wake
+                        .store(self.nanos(now + nap).max(1), Ordering::SeqCst);
+                    // A timer asked for before `planned_wake` was set did not
+                    // unpark: look once more.
+                    let hint = self.timer_hint.load(Ordering::SeqCst);
+                    if self.epoch + Duration::from_nanos(hint) > now + nap {
+                        std::thread::park_timeout(nap);
+                    }
+                    self.planned_wake.store(0, Ordering::SeqCst);
                 }
                 self.poller_napping.store(false, Ordering::SeqCst);
                 idle_since = None;
