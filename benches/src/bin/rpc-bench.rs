@@ -96,7 +96,7 @@ fn run(o: &Options) -> i32 {
         &ours_totals,
     );
     drop(ours_bench);
-    println!("{ours}");
+    say(&ours);
     if let Some(e) = &ours.first_error {
         eprintln!("rpc-bench: first error: {e}");
     }
@@ -121,8 +121,8 @@ fn run(o: &Options) -> i32 {
         Some(Ok(mut base)) => {
             base.fabric = fabric;
             base.set_ratios(&ours);
-            println!("{base}");
-            println!("{}", base.ratio_line());
+            say(&base);
+            say(&base.ratio_line());
             if let Some(e) = &base.first_error {
                 eprintln!("rpc-bench: first baseline error: {e}");
             }
@@ -159,4 +159,12 @@ fn append_json(path: &std::path::Path, records: &[Measurement]) -> std::io::Resu
         .append(true)
         .open(path)?
         .write_all(text.as_bytes())
+}
+
+/// Prints a result line; exits quietly if stdout is gone (a closed pipe).
+fn say(line: &dyn std::fmt::Display) {
+    use std::io::Write;
+    if writeln!(std::io::stdout(), "{line}").is_err() {
+        std::process::exit(1);
+    }
 }
