@@ -29,6 +29,18 @@ pub fn check(got: &[u8], size: usize, seq: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// What a call came to, for the tally: its echo checked, or its error.
+pub fn outcome(
+    reply: Result<Vec<u8>, impl std::fmt::Display>,
+    size: usize,
+    seq: u64,
+) -> Result<(), String> {
+    match reply {
+        Ok(payload) => check(&payload, size, seq),
+        Err(e) => Err(format!("call {seq}: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -170,10 +170,7 @@ pub fn drive(
             let t = Instant::now();
             let reply = client.echo(request).wait();
             let latency = t.elapsed();
-            let outcome = match reply {
-                Ok(r) => payload::check(&r.into_inner().payload, size, seq),
-                Err(status) => Err(format!("call {seq}: {status}")),
-            };
+            let outcome = payload::outcome(reply.map(|r| r.into_inner().payload), size, seq);
             tally.borrow_mut().record(latency, outcome);
         }
         return (tally.into_inner(), start.elapsed());
@@ -194,10 +191,7 @@ pub fn drive(
                 let start = Instant::now();
                 let reply = client.echo(request).await;
                 let latency = start.elapsed();
-                let outcome = match reply {
-                    Ok(r) => payload::check(&r.into_inner().payload, size, seq),
-                    Err(status) => Err(format!("call {seq}: {status}")),
-                };
+                let outcome = payload::outcome(reply.map(|r| r.into_inner().payload), size, seq);
                 tally.borrow_mut().record(latency, outcome);
             }
         }

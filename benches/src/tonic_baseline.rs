@@ -178,10 +178,8 @@ async fn drive(
                     let t = Instant::now();
                     let reply = client.echo(request).await;
                     let latency = t.elapsed();
-                    let outcome = match reply {
-                        Ok(r) => payload::check(&r.into_inner().payload, size, seq),
-                        Err(status) => Err(format!("call {seq}: {status}")),
-                    };
+                    let outcome =
+                        payload::outcome(reply.map(|r| r.into_inner().payload), size, seq);
                     tally.record(latency, outcome);
                 }
                 tally
