@@ -1,0 +1,78 @@
+//! An idle server and an idle connected client burn no CPU: their pollers
+//! spin only briefly after traffic, then block.
+
+use examples::echo::EchoRequest;
+use examples::echo::echo_client::EchoClient;
+use examples::echo::echo_server::EchoServer;
+use examples::services::EchoService;
+use rpc_core::{Channel, Request, Server};
+use std::time::Duration;
+
+/// CPU time (user + system, in clock ticks) of this process's threads whose
+/// names start with `prefix`, from /proc.
+fn thread_ticks(prefix: &str) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread exited meanwhile
+        };
+        // pid (comm) state ... : comm may hold spaces, so split after ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+        total += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    total
+}
+
+fn idle_cpu(url: &str) {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .serve(url)
+        .unwrap();
+    let client = EchoClient::new(Channel::connect(server.local_url()).unwrap());
+    for _ in 0..100 {
+        let reply = client
+            .echo(Request::new(EchoRequest {
+                payload: vec![1; 64],
+            }))
+            .wait()
+            .unwrap();
+        assert_eq!(reply.get_ref().payload, vec![1; 64]);
+    }
+    // Let the pollers finish spinning, then measure a quiet second.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = thread_ticks("rpc-");
+    std::thread::sleep(Duration::from_secs(1));
+    let used = thread_ticks("rpc-") - before;
+    // Clock ticks are usually 10 ms: a poller that kept spinning would use
+    // about 100 per second; allow for a stray tick or two.
+    assert!(
+        used <= 3,
+        "{url}: idle pollers used {used} ticks in one second"
+    );
+    drop(client);
+    server.shutdown();
+}
+
+#[test]
+fn idle_mem_server_and_client_use_no_cpu() {
+    idle_cpu("mem://idle");
+}
+
+#[test]
+fn idle_tcp_server_and_client_use_no_cpu() {
+    idle_cpu("tcp://127.0.0.1:0");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_idle_server_and_client_use_no_cpu() {
+    let url = std::env::var("RPC_TEST_RDMA_URL").unwrap_or_else(|_| "rdma://127.0.0.1:0".into());
+    idle_cpu(&url);
+}
