@@ -1046,6 +1046,35 @@ impl<F: Fabric> Conn<F> {
         }
     }
 
+    /// Posts a signaled credit doorbell and returns its work request id, or
+    /// `None` if it cannot be posted now (send queue full) or the connection
+    /// is dead. Once that write completes, every write posted before it has
+    /// executed: a reliable connection completes writes in order.
+    pub(crate) fn post_fence(&self) -> Option<u64> {
+        let mut s = self.send_state();
+        if s.dead.is_some() || !s.sq_room() {
+            return None;
+        }
+        let ack = s.credits.take_ack();
+        s.posted += 1;
+        let wr_id = s.posted;
+        s.staged.push(StagedWrite {
+            local: None,
+            imm: Doorbell::Credit { ack }.encode(),
+            wr_id,
+            signaled: true,
+        });
+        self.post_staged(&mut s);
+        Some(wr_id)
+    }
+
+    /// Whether the write `wr_id` (and so every one before it) completed, or
+    /// the connection died: either way nothing is left to wait for.
+    pub(crate) fn completed_through(&self, wr_id: u64) -> bool {
+        let s = self.send_state();
+        s.dead.is_some() || s.completed >= wr_id
+    }
+
     /// Whether frames wait to be posted: queued for the peer's ring, or
     /// staged until the batch being handled ends.
     pub(crate) fn has_unsent(&self) -> bool {

@@ -573,7 +573,36 @@ impl<F: Fabric> Stop for ServerStopper<F> {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        // 3. Close every connection (peers see it), then stop the threads.
+        // 3. Wait until the device has executed what was posted: destroying
+        // a queue pair discards writes still queued on it, the last replies
+        // among them. A signaled write completes after every write before it.
+        let mut fences: Vec<_> = self
+            .ep
+            .connections()
+            .into_iter()
+            .filter(|c| c.is_alive())
+            .map(|c| (c, None))
+            .collect();
+        loop {
+            for (conn, fence) in fences.iter_mut() {
+                if fence.is_none() {
+                    *fence = conn.post_fence();
+                }
+            }
+            fences.retain(|(conn, fence)| !fence.is_some_and(|f| conn.completed_through(f)));
+            if fences.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    connections = fences.len(),
+                    "shutdown grace period over; closing with writes unconfirmed"
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // 4. Close every connection (peers see it), then stop the threads.
         for conn in self.ep.connections() {
             self.ep.close(&conn, "server shut down");
         }
