@@ -232,6 +232,11 @@ impl Channel {
         })
     }
 
+    /// Notes how long a blocking call waited for its response.
+    fn note_wait(&self, wait: Duration) {
+        with_client!(&self.inner.client, c => c.ep.call_waits.record(wait))
+    }
+
     /// Makes sure someone handles completions while a call waits.
     fn ensure_polled(&self) {
         with_client!(&self.inner.client, c => c.ep.ensure_polled())
@@ -599,6 +604,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
         let Some(channel) = self.canceller.take() else {
             return decode_reply(slot.wait(), drop);
         };
+        let started = Instant::now();
         channel.poll_for(&slot);
         // Sleep without holding the channel: if its last handle goes away
         // meanwhile, the call fails `Unavailable` instead of waiting forever.
@@ -607,7 +613,9 @@ impl<T: prost::Message + Default> UnaryCall<T> {
         let mut buf = Vec::new();
         let reply = decode_reply(slot.wait(), |b| buf = b);
         if let Some(inner) = weak.upgrade() {
-            Channel { inner }.recycle(slot, buf);
+            let channel = Channel { inner };
+            channel.note_wait(started.elapsed());
+            channel.recycle(slot, buf);
         }
         reply
     }

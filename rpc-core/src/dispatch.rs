@@ -34,6 +34,43 @@ fn spin_pause(spins: &mut u32) {
     }
 }
 
+/// Longest wait that adaptive spinning covers: beyond it, sleeping is
+/// cheaper than spinning.
+const ADAPTIVE_SPIN_MAX: Duration = Duration::from_millis(1);
+
+/// Spin-then-block that adapts to the traffic: a moving average of how long
+/// waits took. While waits are short (up to [`ADAPTIVE_SPIN_MAX`]), a poller
+/// spins for up to twice that average, so it is still spinning when the
+/// next completion comes instead of paying a sleep and a wake-up for it;
+/// when they are long (an idle server, slow handlers), it spins only for
+/// the configured time before it blocks.
+#[derive(Debug, Default)]
+pub(crate) struct AdaptiveSpin {
+    /// Moving average of recent waits, ns (1/8 weight per new one).
+    average_ns: AtomicU64,
+}
+
+impl AdaptiveSpin {
+    /// Notes how long a wait took.
+    pub(crate) fn record(&self, wait: Duration) {
+        let new = wait.as_nanos().min(u64::MAX as u128) as u64;
+        let old = self.average_ns.load(Ordering::Relaxed);
+        // Races between recorders only lose a sample.
+        self.average_ns
+            .store(old - old / 8 + new / 8, Ordering::Relaxed);
+    }
+
+    /// How long to spin, at least `base`.
+    pub(crate) fn budget(&self, base: Duration) -> Duration {
+        let average = Duration::from_nanos(self.average_ns.load(Ordering::Relaxed));
+        if average > ADAPTIVE_SPIN_MAX {
+            base
+        } else {
+            base.max(average * 2).min(base.max(ADAPTIVE_SPIN_MAX))
+        }
+    }
+}
+
 /// Message buffers a connection keeps for reuse, and the largest it keeps.
 const MAX_POOLED_BUFFERS: usize = 256;
 const MAX_POOLED_BUFFER: usize = 256 << 10;
@@ -132,6 +169,10 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     poller: OnceLock<std::thread::Thread>,
     /// Callers polling for their responses ([`Endpoint::poll_until`]).
     callers_polling: AtomicUsize,
+    /// How long the poller thread waited for work after going idle.
+    pub(crate) idle_gaps: AdaptiveSpin,
+    /// How long callers waited for their responses.
+    pub(crate) call_waits: AdaptiveSpin,
     /// Whether the poller thread is napping because a caller polls.
     poller_napping: AtomicBool,
     stop: AtomicBool,
@@ -160,6 +201,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             }),
             poller: OnceLock::new(),
             callers_polling: AtomicUsize::new(0),
+            idle_gaps: AdaptiveSpin::default(),
+            call_waits: AdaptiveSpin::default(),
             poller_napping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             planned_wake: AtomicU64::new(0),
@@ -378,6 +421,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             self.callers_polling.fetch_sub(1, Ordering::SeqCst);
             return done();
         }
+        let spin = self.call_waits.budget(self.config.spin);
         let mut idle_since = None;
         let mut spins = 0u32;
         let finished = loop {
@@ -398,7 +442,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             }
             if spins % 16 == 0 {
                 let now = Instant::now();
-                if now.duration_since(*idle_since.get_or_insert(now)) >= self.config.spin {
+                if now.duration_since(*idle_since.get_or_insert(now)) >= spin {
                     break done();
                 }
             }
@@ -416,6 +460,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     pub(crate) fn run(self: &Arc<Self>) {
         let _ = self.poller.set(std::thread::current());
         let mut idle_since: Option<Instant> = None;
+        // When the queue last went empty after work, across sleeps.
+        let mut gap_start: Option<Instant> = None;
         let mut next_tick = Instant::now();
         let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
@@ -441,6 +487,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 }
                 self.poller_napping.store(false, Ordering::SeqCst);
                 idle_since = None;
+                gap_start = None;
                 continue;
             }
             let mut st = match self.poll.try_lock() {
@@ -455,7 +502,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             if self.turn(&mut st) > 0 {
                 drop(st);
                 idle_since = None;
-                next_tick = self.tick(next_tick, Instant::now());
+                let now = Instant::now();
+                if let Some(start) = gap_start.take() {
+                    self.idle_gaps.record(now.duration_since(start));
+                }
+                next_tick = self.tick(next_tick, now);
                 continue;
             }
             // Spinning: read the clock only now and then.
@@ -467,7 +518,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             let now = Instant::now();
             next_tick = self.tick(next_tick, now);
             let idle = *idle_since.get_or_insert(now);
-            if now.duration_since(idle) < self.config.spin {
+            gap_start.get_or_insert(now);
+            if now.duration_since(idle) < self.idle_gaps.budget(self.config.spin) {
                 drop(st);
                 spin_pause(&mut spins);
                 continue;
@@ -1087,5 +1139,39 @@ impl<F: Fabric> SendState<F> {
     /// Room in the send queue for one more write (keeps one for a credit).
     fn sq_room(&self) -> bool {
         self.posted - self.completed + 2 < self.sq_depth
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_spin_covers_short_waits_only() {
+        let base = Duration::from_micros(50);
+        let spin = AdaptiveSpin::default();
+        assert_eq!(spin.budget(base), base, "no history: the configured spin");
+        for _ in 0..64 {
+            spin.record(Duration::from_micros(200));
+        }
+        let b = spin.budget(base);
+        assert!(
+            b > Duration::from_micros(300) && b <= Duration::from_micros(400),
+            "short waits: spin about twice as long, got {b:?}"
+        );
+        for _ in 0..64 {
+            spin.record(Duration::from_millis(20));
+        }
+        assert_eq!(
+            spin.budget(base),
+            base,
+            "long waits: back to the configured spin"
+        );
+        let long_base = Duration::from_millis(5);
+        assert_eq!(
+            spin.budget(long_base),
+            long_base,
+            "never below the configured spin"
+        );
     }
 }
