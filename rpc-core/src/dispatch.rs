@@ -5,12 +5,13 @@
 use crate::fabric::{
     Completion, CompletionKind, Connected, Fabric, PeerRing, QueuePair, Region, WcStatus, WriteImm,
 };
+use crate::idmap::IdMap;
 use crate::protocol::{
     ALIGN, CallId, CreditReturn, Doorbell, FrameKind, HEADER_LEN, Header, RecvRing, SendRing,
     credits::apply_ack,
 };
 use crate::{Metadata, Status};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, TryLockError};
 use std::time::{Duration, Instant};
@@ -163,7 +164,7 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     pub fabric: F,
     pub config: Config,
     pub role: R,
-    conns: RwLock<HashMap<u32, Arc<Conn<F>>>>,
+    conns: RwLock<IdMap<Arc<Conn<F>>>>,
     poll: Mutex<PollState<F>>,
     /// The poller thread, once it runs.
     poller: OnceLock<std::thread::Thread>,
@@ -193,7 +194,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             fabric,
             config,
             role,
-            conns: RwLock::new(HashMap::new()),
+            conns: RwLock::new(IdMap::default()),
             poll: Mutex::new(PollState {
                 batch: Vec::with_capacity(POLL_BATCH),
                 touched: Vec::new(),

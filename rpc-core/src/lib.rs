@@ -43,6 +43,7 @@ pub mod client;
 pub mod codegen;
 mod dispatch;
 pub mod fabric;
+mod idmap;
 mod metadata;
 pub mod protocol;
 mod request;

@@ -4,6 +4,7 @@ use crate::client::encode_exact;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, Listener, LocalSetup, Scheme};
+use crate::idmap::IdMap;
 use crate::protocol::{CallId, FrameKind};
 use crate::{Metadata, Request, Response, Status};
 use crossbeam_channel::{Receiver, Sender};
@@ -304,7 +305,7 @@ impl ServerBuilder {
         }
     }
 
-    fn routes(&self) -> Result<HashMap<u32, Arc<dyn Service>>, Status> {
+    fn routes(&self) -> Result<IdMap<Arc<dyn Service>>, Status> {
         if self.services.is_empty() {
             return Err(Status::invalid_argument(
                 "a server needs at least one service",
@@ -335,7 +336,7 @@ impl ServerBuilder {
         self,
         fabric: F,
         url: &FabricUrl,
-        routes: HashMap<u32, Arc<dyn Service>>,
+        routes: IdMap<Arc<dyn Service>>,
     ) -> Result<ServerHandle, Status> {
         let listener = Arc::new(fabric.listen(url)?);
         let local_url = listener.local_url();
@@ -459,7 +460,7 @@ fn worker(jobs: Receiver<Job>) {
 
 /// The server's side of the dispatcher: routes requests to handlers.
 struct ServerRole {
-    routes: HashMap<u32, Arc<dyn Service>>,
+    routes: IdMap<Arc<dyn Service>>,
     jobs: Option<Sender<Job>>,
     draining: AtomicBool,
     inflight: Arc<AtomicUsize>,

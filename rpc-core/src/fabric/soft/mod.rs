@@ -23,7 +23,8 @@ use super::{
     Completion, CompletionKind, Connected, Fabric, FabricError, FabricUrl, LocalSetup, QueuePair,
     Region, Scheme, WcStatus, WriteImm,
 };
-use std::collections::{HashMap, VecDeque};
+use crate::idmap::IdMap;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -55,7 +56,7 @@ impl std::fmt::Debug for SoftFabric {
 }
 
 pub(crate) struct Ctx {
-    regions: Mutex<HashMap<u32, Weak<RegionInner>>>,
+    regions: Mutex<IdMap<Weak<RegionInner>>>,
     cq: Mutex<Cq>,
     /// Entries in `cq`: lets a spinning poller see an empty queue without
     /// taking the lock the producers need.
@@ -186,7 +187,7 @@ impl SoftFabric {
     pub fn with_rnr_timeout(rnr_timeout: Duration) -> SoftFabric {
         SoftFabric {
             ctx: Arc::new(Ctx {
-                regions: Mutex::new(HashMap::new()),
+                regions: Mutex::new(IdMap::default()),
                 cq: Mutex::new(Cq::default()),
                 cq_len: AtomicUsize::new(0),
                 cq_cond: Condvar::new(),
