@@ -416,10 +416,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         done: impl Fn() -> bool,
         others_waiting: impl FnOnce() -> bool,
     ) -> bool {
-        if self.callers_polling.fetch_add(1, Ordering::SeqCst) > 0 {
+        let prior = self.callers_polling.fetch_add(1, Ordering::SeqCst);
+        let counted = PollingCaller(&self.callers_polling);
+        if prior > 0 {
             // Another caller polls, and completes this call too: spinning
             // alongside it would only take a core from it.
-            self.callers_polling.fetch_sub(1, Ordering::SeqCst);
             return done();
         }
         let spin = self.call_waits.budget(self.config.spin);
@@ -449,7 +450,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             }
             spin_pause(&mut spins);
         };
-        let last = self.callers_polling.fetch_sub(1, Ordering::SeqCst) == 1;
+        let last = counted.leave();
         if last && (!finished || others_waiting()) {
             self.ensure_polled();
         }
@@ -613,19 +614,38 @@ thread_local! {
     static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Marks this thread as handling a batch while it lives.
-struct InTurn;
+/// Marks this thread as handling a batch while it lives; restores what was
+/// there before (a turn may nest: an inline handler's own blocking call).
+struct InTurn(bool);
 
 impl InTurn {
     fn enter() -> InTurn {
-        IN_TURN.set(true);
-        InTurn
+        InTurn(IN_TURN.replace(true))
     }
 }
 
 impl Drop for InTurn {
     fn drop(&mut self) {
-        IN_TURN.set(false);
+        IN_TURN.set(self.0);
+    }
+}
+
+/// Counts a caller in `callers_polling` while it lives, so that a panic in
+/// a turn (a waker's, say) cannot leave the count up and the poller napping.
+struct PollingCaller<'a>(&'a AtomicUsize);
+
+impl PollingCaller<'_> {
+    /// Stops counting; true if this was the last polling caller.
+    fn leave(self) -> bool {
+        let last = self.0.fetch_sub(1, Ordering::SeqCst) == 1;
+        std::mem::forget(self);
+        last
+    }
+}
+
+impl Drop for PollingCaller<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

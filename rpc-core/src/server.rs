@@ -590,7 +590,10 @@ impl<F: Fabric> Stop for ServerStopper<F> {
                     *fence = conn.post_fence();
                 }
             }
-            fences.retain(|(conn, fence)| !fence.is_some_and(|f| conn.completed_through(f)));
+            // Done: confirmed, or the connection died (nothing left to wait for).
+            fences.retain(|(conn, fence)| {
+                conn.is_alive() && !fence.is_some_and(|f| conn.completed_through(f))
+            });
             if fences.is_empty() {
                 break;
             }
