@@ -216,13 +216,20 @@ impl Channel {
         with_client!(&self.inner.client, c => c.cancel(id))
     }
 
-    /// Takes back what a finished call used: its slot and the buffer its
-    /// response arrived in.
-    fn recycle(&self, slot: Arc<CallSlot>, buf: Vec<u8>) {
+    /// Decodes a finished call's outcome and takes back what the call used:
+    /// its slot and the buffer its response arrived in.
+    fn finish_call<T: prost::Message + Default>(
+        &self,
+        slot: Arc<CallSlot>,
+        outcome: Result<RawReply, Status>,
+    ) -> Result<Response<T>, Status> {
+        let mut buf = Vec::new();
+        let reply = decode_reply(outcome, |b| buf = b);
         with_client!(&self.inner.client, c => {
             c.conn.recycle(buf);
             c.ep.role.release_slot(slot);
-        })
+        });
+        reply
     }
 
     /// Handles completions on this thread while `slot` waits, for a while.
@@ -610,14 +617,15 @@ impl<T: prost::Message + Default> UnaryCall<T> {
         // meanwhile, the call fails `Unavailable` instead of waiting forever.
         let weak = Arc::downgrade(&channel.inner);
         drop(channel);
-        let mut buf = Vec::new();
-        let reply = decode_reply(slot.wait(), |b| buf = b);
-        if let Some(inner) = weak.upgrade() {
-            let channel = Channel { inner };
-            channel.note_wait(started.elapsed());
-            channel.recycle(slot, buf);
+        let outcome = slot.wait();
+        match weak.upgrade() {
+            Some(inner) => {
+                let channel = Channel { inner };
+                channel.note_wait(started.elapsed());
+                channel.finish_call(slot, outcome)
+            }
+            None => decode_reply(outcome, drop),
         }
-        reply
     }
 }
 
@@ -631,13 +639,10 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
         match slot.poll(cx) {
             Poll::Ready(r) => {
                 let slot = self.slot.take().expect("checked above");
-                let Some(channel) = self.canceller.take() else {
-                    return Poll::Ready(decode_reply(r, drop));
-                };
-                let mut buf = Vec::new();
-                let reply = decode_reply(r, |b| buf = b);
-                channel.recycle(slot, buf);
-                Poll::Ready(reply)
+                Poll::Ready(match self.canceller.take() {
+                    Some(channel) => channel.finish_call(slot, r),
+                    None => decode_reply(r, drop),
+                })
             }
             Poll::Pending => {
                 if let Some(channel) = &self.canceller {

@@ -362,6 +362,16 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             .unwrap_or(now + Duration::from_secs(3600))
     }
 
+    /// The poll state, unless another thread holds it (a poisoned lock is
+    /// taken over: its state stays consistent between turns).
+    fn try_poll_state(&self) -> Option<MutexGuard<'_, PollState<F>>> {
+        match self.poll.try_lock() {
+            Ok(st) => Some(st),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Polls the completion queue once and handles what it held; returns
     /// how many completions that was.
     fn turn(self: &Arc<Self>, st: &mut PollState<F>) -> usize {
@@ -433,11 +443,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             if self.stop.load(Ordering::Acquire) {
                 break false;
             }
-            let progress = match self.poll.try_lock() {
-                Ok(mut st) => self.turn(&mut st),
-                Err(TryLockError::Poisoned(p)) => self.turn(&mut p.into_inner()),
-                Err(TryLockError::WouldBlock) => 0,
-            };
+            let progress = self.try_poll_state().map_or(0, |mut st| self.turn(&mut st));
             if progress > 0 {
                 idle_since = None;
                 continue;
@@ -492,14 +498,10 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 gap_start = None;
                 continue;
             }
-            let mut st = match self.poll.try_lock() {
-                Ok(st) => st,
-                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            let Some(mut st) = self.try_poll_state() else {
                 // A caller finishing its last turn: it lets go at once.
-                Err(TryLockError::WouldBlock) => {
-                    spin_pause(&mut spins);
-                    continue;
-                }
+                spin_pause(&mut spins);
+                continue;
             };
             if self.turn(&mut st) > 0 {
                 drop(st);
@@ -919,21 +921,37 @@ impl<F: Fabric> Conn<F> {
             offset_units: (offset / ALIGN) as u32,
         }
         .encode();
-        self.post_write(s, Some((offset, len)), imm);
+        self.post_write(s, Some((offset, len)), imm, false);
     }
 
-    /// Posts a write, or stages it while the poller handles a batch.
-    fn post_write(&self, s: &mut SendState<F>, local: Option<(usize, usize)>, imm: u32) {
+    /// Posts a write, or stages it while the poller handles a batch; returns
+    /// its work request id. It is signaled if `signal`, and anyway one in
+    /// [`SIGNAL_EVERY`].
+    fn post_write(
+        &self,
+        s: &mut SendState<F>,
+        local: Option<(usize, usize)>,
+        imm: u32,
+        signal: bool,
+    ) -> u64 {
         s.posted += 1;
+        let wr_id = s.posted;
         s.staged.push(StagedWrite {
             local,
             imm,
-            wr_id: s.posted,
-            signaled: s.posted % SIGNAL_EVERY as u64 == 0,
+            wr_id,
+            signaled: signal || wr_id % SIGNAL_EVERY as u64 == 0,
         });
         if !(s.batching && IN_TURN.get()) || s.staged.len() >= MAX_POST_BATCH {
             self.post_staged(s);
         }
+        wr_id
+    }
+
+    /// Posts a credit doorbell carrying the current ack; returns its id.
+    fn post_credit(&self, s: &mut SendState<F>, signal: bool) -> u64 {
+        let ack = s.credits.take_ack();
+        self.post_write(s, None, Doorbell::Credit { ack }.encode(), signal)
     }
 
     /// Posts the staged writes, in order, as one batch.
@@ -1065,8 +1083,7 @@ impl<F: Fabric> Conn<F> {
         // sender whose next frame must wrap: either way, nothing may be
         // flowing back to carry the ack, so send it alone.
         if (s.credits.needs_explicit() || s.credits.may_stall_sender()) && s.dead.is_none() {
-            let ack = s.credits.take_ack();
-            self.post_write(&mut s, None, Doorbell::Credit { ack }.encode());
+            self.post_credit(&mut s, false);
         }
         s.batching = false;
         if s.dead.is_none() {
@@ -1128,15 +1145,8 @@ impl<F: Fabric> Conn<F> {
         if s.dead.is_some() || !s.sq_room() {
             return None;
         }
-        let ack = s.credits.take_ack();
-        s.posted += 1;
-        let wr_id = s.posted;
-        s.staged.push(StagedWrite {
-            local: None,
-            imm: Doorbell::Credit { ack }.encode(),
-            wr_id,
-            signaled: true,
-        });
+        let wr_id = self.post_credit(&mut s, true);
+        // Staged by a batch under way on this thread? Post it now anyway.
         self.post_staged(&mut s);
         Some(wr_id)
     }

@@ -533,6 +533,20 @@ impl<F: Fabric> Role<F> for ServerRole {
     }
 }
 
+/// Checks `done` every millisecond until it holds (true) or `deadline`
+/// passes (false).
+fn wait_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 trait Stop: Send {
     fn stop(&mut self, grace: Duration);
 }
@@ -555,24 +569,19 @@ impl<F: Fabric> Stop for ServerStopper<F> {
         // 2. Refuse new calls, let in-flight ones finish and their replies drain.
         self.ep.role.draining.store(true, Ordering::Release);
         let deadline = Instant::now() + grace;
-        loop {
-            let busy = self.ep.role.inflight.load(Ordering::Acquire) > 0
-                || self
+        let drained = wait_until(deadline, || {
+            self.ep.role.inflight.load(Ordering::Acquire) == 0
+                && !self
                     .ep
                     .connections()
                     .iter()
-                    .any(|c| c.is_alive() && c.has_unsent());
-            if !busy {
-                break;
-            }
-            if Instant::now() >= deadline {
-                tracing::warn!(
-                    inflight = self.ep.role.inflight.load(Ordering::Acquire),
-                    "shutdown grace period over; closing with calls in flight"
-                );
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
+                    .any(|c| c.is_alive() && c.has_unsent())
+        });
+        if !drained {
+            tracing::warn!(
+                inflight = self.ep.role.inflight.load(Ordering::Acquire),
+                "shutdown grace period over; closing with calls in flight"
+            );
         }
         // 3. Wait until the device has executed what was posted: destroying
         // a queue pair discards writes still queued on it, the last replies
@@ -584,7 +593,7 @@ impl<F: Fabric> Stop for ServerStopper<F> {
             .filter(|c| c.is_alive())
             .map(|c| (c, None))
             .collect();
-        loop {
+        let confirmed = wait_until(deadline, || {
             for (conn, fence) in fences.iter_mut() {
                 if fence.is_none() {
                     *fence = conn.post_fence();
@@ -594,17 +603,13 @@ impl<F: Fabric> Stop for ServerStopper<F> {
             fences.retain(|(conn, fence)| {
                 conn.is_alive() && !fence.is_some_and(|f| conn.completed_through(f))
             });
-            if fences.is_empty() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                tracing::warn!(
-                    connections = fences.len(),
-                    "shutdown grace period over; closing with writes unconfirmed"
-                );
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
+            fences.is_empty()
+        });
+        if !confirmed {
+            tracing::warn!(
+                connections = fences.len(),
+                "shutdown grace period over; closing with writes unconfirmed"
+            );
         }
         // 4. Close every connection (peers see it), then stop the threads.
         for conn in self.ep.connections() {
