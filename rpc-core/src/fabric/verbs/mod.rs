@@ -274,34 +274,19 @@ impl Side {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `c` if incarnation `inc` of its queue pair is still alive.
-    fn push_if_live(&self, inc: u64, c: Completion) -> bool {
-        let pushed = {
-            let mut st = self.lock();
-            let live = st.live.get(&c.qp_num) == Some(&inc);
-            if live {
-                st.queue.push_back((inc, c));
-            }
-            live
-        };
-        if pushed {
-            self.wake();
-        }
-        pushed
-    }
-
-    /// Queues `c` for whatever incarnation of its queue pair is alive: for
-    /// async events, whose queue pair cannot be destroyed (nor its number
-    /// reused) before the event is acknowledged.
-    fn push_current(&self, c: Completion) -> bool {
+    /// Queues `c` if its queue pair is alive, and is incarnation `inc` when
+    /// one is given. `None` takes whatever incarnation is alive: for async
+    /// events, whose queue pair cannot be destroyed (nor its number reused)
+    /// before the event is acknowledged.
+    fn push_if_live(&self, inc: Option<u64>, c: Completion) -> bool {
         let pushed = {
             let mut st = self.lock();
             match st.live.get(&c.qp_num).copied() {
-                Some(inc) => {
-                    st.queue.push_back((inc, c));
+                Some(live) if inc.is_none_or(|i| i == live) => {
+                    st.queue.push_back((live, c));
                     true
                 }
-                None => false,
+                _ => false,
             }
         };
         if pushed {
@@ -638,14 +623,17 @@ impl VerbsFabric {
                     // waits for that), so its number is still its own.
                     let qp_num = unsafe { (*ev.element.qp).qp_num };
                     tracing::warn!(qp_num, event = ev.event_type, "queue pair error event");
-                    self.inner.side.push_current(Completion {
-                        wr_id: 0,
-                        qp_num,
-                        kind: CompletionKind::Send,
-                        status: WcStatus::DeviceError {
-                            event: ev.event_type,
+                    self.inner.side.push_if_live(
+                        None,
+                        Completion {
+                            wr_id: 0,
+                            qp_num,
+                            kind: CompletionKind::Send,
+                            status: WcStatus::DeviceError {
+                                event: ev.event_type,
+                            },
                         },
-                    });
+                    );
                 }
                 ffi::IBV_EVENT_SRQ_LIMIT_REACHED => {
                     self.inner.srq_limit_events.fetch_add(1, Ordering::AcqRel);
@@ -898,7 +886,7 @@ impl Watcher {
             kind: CompletionKind::Send,
             status: WcStatus::RetryExceeded,
         };
-        if self.side.push_if_live(self.incarnation, c) {
+        if self.side.push_if_live(Some(self.incarnation), c) {
             tracing::debug!(qp_num = self.qp_num, "peer closed its liveness connection");
         }
     }
@@ -1205,8 +1193,7 @@ impl Fabric for VerbsFabric {
             let mut st = i.side.lock();
             st.handed_out.clear();
             parked = std::mem::take(&mut st.parked);
-            let room = max;
-            let got = self.poll_cq(&i.recv_cq, true, &st.live, out, room);
+            let got = self.poll_cq(&i.recv_cq, true, &st.live, out, max);
             // Every receive completion used up one posted receive: replace
             // it, with any a failed post left owing. "Full" means a top-up
             // got there first: nothing is owed then.
@@ -1219,7 +1206,7 @@ impl Fabric for VerbsFabric {
                     }
                 }
             }
-            let mut drained = got < room.min(WC_BATCH);
+            let mut drained = got < max.min(WC_BATCH);
             let room = max - (out.len() - start);
             if room > 0 {
                 let sent = self.poll_cq(&i.send_cq, false, &st.live, out, room);

@@ -287,7 +287,7 @@ fn rdma_made_up_completions_never_outlive_their_queue_pair() {
         kind: CompletionKind::Send,
         status: WcStatus::RetryExceeded,
     };
-    assert!(side.push_if_live(inc, made_up));
+    assert!(side.push_if_live(Some(inc), made_up));
     assert_eq!(side.lock().queue.len(), 1);
     drop(p.sqp);
     {
@@ -296,7 +296,7 @@ fn rdma_made_up_completions_never_outlive_their_queue_pair() {
         assert!(!st.live.contains_key(&n));
     }
     assert!(
-        !side.push_if_live(inc, made_up),
+        !side.push_if_live(Some(inc), made_up),
         "nothing queued for a dead one"
     );
     let mut out = Vec::new();
@@ -336,7 +336,12 @@ fn rdma_made_up_failure_comes_after_real_completions() {
         kind: CompletionKind::Send,
         status: WcStatus::RetryExceeded,
     };
-    assert!(p.server.inner.side.push_if_live(p.sqp.qp.incarnation, gone));
+    assert!(
+        p.server
+            .inner
+            .side
+            .push_if_live(Some(p.sqp.qp.incarnation), gone)
+    );
     let got: Vec<Completion> = (0..4).map(|_| c::wait_one(&p.server)).collect();
     let imms: Vec<u32> = got[..3]
         .iter()
