@@ -11,7 +11,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -25,21 +25,26 @@ use std::time::{Duration, Instant};
 /// # Ok(()) }
 /// ```
 ///
-/// Calls from any number of threads or tasks share the connection; each is
-/// one frame in the server's receive ring and one back. When the ring is
-/// full, calls queue (or fail with `ResourceExhausted` if they ask to fail
-/// fast). When the connection fails, pending and later calls fail with
-/// `Unavailable`; connect again to recover.
+/// A channel is one connection, not a thread: every channel of the process
+/// is served by the dispatcher threads of one client runtime per fabric
+/// (one per CPU), each owning a completion queue and its share of the
+/// connections. Calls from any number of threads or tasks share the
+/// connection; each is one frame in the server's receive ring and one back.
+/// When the ring is full, calls queue (or fail with `ResourceExhausted` if
+/// they ask to fail fast). When the connection fails, pending and later
+/// calls fail with `Unavailable`; connect again to recover.
 #[derive(Clone)]
 pub struct Channel {
     inner: Arc<Handle>,
 }
 
-/// Dropping the last clone stops the poller and closes the connection.
+/// Dropping the last clone closes the connection.
 struct Handle {
     client: ClientInner,
     url: String,
     default_timeout: Option<Duration>,
+    /// How long a caller polls for its response before it sleeps, at least.
+    spin: Duration,
 }
 
 enum ClientInner {
@@ -59,20 +64,107 @@ macro_rules! with_client {
     };
 }
 
+/// One connection on one dispatcher of the client runtime.
 struct Client<F: Fabric> {
-    ep: Arc<Endpoint<F, ClientRole<F>>>,
+    ep: Arc<Endpoint<F, ClientRole>>,
     conn: Arc<Conn<F>>,
-    poller: Option<std::thread::JoinHandle<()>>,
 }
 
 impl<F: Fabric> Drop for Client<F> {
     fn drop(&mut self) {
         self.ep.close(&self.conn, "channel dropped");
-        self.ep.stop();
-        if let Some(t) = self.poller.take() {
-            let _ = t.join();
-        }
     }
+}
+
+/// The dispatchers that serve every channel of the process on one fabric
+/// context. They live as long as the process; idle, they block.
+struct ClientRuntime<F: Fabric> {
+    endpoints: Vec<Arc<Endpoint<F, ClientRole>>>,
+}
+
+impl<F: Fabric> ClientRuntime<F> {
+    fn start(fabric: F, name: &str) -> Result<ClientRuntime<F>, Status> {
+        let n = crate::server::available_cores();
+        let mut endpoints = Vec::with_capacity(n);
+        for i in 0..n {
+            let ep = Endpoint::new(
+                fabric.clone(),
+                Config::default(),
+                ClientRole::default(),
+                false,
+            )?;
+            let runner = ep.clone();
+            std::thread::Builder::new()
+                .name(format!("rpc-client-{name}-{i}"))
+                .spawn(move || runner.run())
+                .map_err(|e| Status::internal(format!("cannot spawn a client dispatcher: {e}")))?;
+            endpoints.push(ep);
+        }
+        Ok(ClientRuntime { endpoints })
+    }
+
+    /// The dispatcher a new connection goes to: the one with the fewest.
+    fn pick(&self) -> &Arc<Endpoint<F, ClientRole>> {
+        self.endpoints
+            .iter()
+            .min_by_key(|ep| ep.load())
+            .expect("a runtime has at least one dispatcher")
+    }
+}
+
+/// The client runtime of the software fabric (mem:// and tcp://).
+fn soft_runtime() -> Result<&'static ClientRuntime<SoftFabric>, Status> {
+    static RT: OnceLock<ClientRuntime<SoftFabric>> = OnceLock::new();
+    static START: Mutex<()> = Mutex::new(());
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let _one = START.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let rt = ClientRuntime::start(SoftFabric::new(), "soft")?;
+    Ok(RT.get_or_init(|| rt))
+}
+
+/// The client runtime of the RDMA device `url` selects (one per device,
+/// port and GID choice).
+#[cfg(feature = "verbs")]
+fn verbs_runtime(
+    url: &FabricUrl,
+) -> Result<Arc<ClientRuntime<crate::fabric::verbs::VerbsFabric>>, Status> {
+    type Runtimes = Mutex<
+        Vec<(
+            String,
+            Arc<ClientRuntime<crate::fabric::verbs::VerbsFabric>>,
+        )>,
+    >;
+    static RTS: OnceLock<Runtimes> = OnceLock::new();
+    // What selects the device (see the verbs fabric's docs): URLs that
+    // select alike share a runtime, without opening the device again.
+    let param = |k: &str, env: &str| {
+        url.param(k)
+            .map(str::to_owned)
+            .or_else(|| std::env::var(env).ok())
+    };
+    let key = format!(
+        "{:?}/{:?}/{:?}",
+        param("device", "RDMA_DEVICE"),
+        param("port", "RDMA_PORT"),
+        param("gid", "RDMA_GID_INDEX")
+    );
+    let mut rts = RTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some((_, rt)) = rts.iter().find(|(k, _)| *k == key) {
+        return Ok(rt.clone());
+    }
+    let fabric = crate::fabric::open_verbs(url)?;
+    let device = fabric.choice().device.clone();
+    let rt = Arc::new(ClientRuntime::start(fabric, &device)?);
+    rts.push((key, rt.clone()));
+    Ok(rt)
 }
 
 impl fmt::Debug for Channel {
@@ -112,7 +204,8 @@ impl ChannelBuilder {
         self
     }
 
-    /// How long the poller spins before it blocks when idle (default 50 µs).
+    /// How long a caller polls for its response before it sleeps, at least
+    /// (default 50 µs; longer while recent responses came within 1 ms).
     pub fn spin(mut self, spin: Duration) -> Self {
         self.config.spin = spin;
         self
@@ -124,14 +217,12 @@ impl ChannelBuilder {
         let url = FabricUrl::parse(&self.url)?;
         let client = match url.scheme {
             Scheme::Mem | Scheme::Tcp => {
-                ClientInner::Soft(Client::connect(SoftFabric::new(), &url, self.config)?)
+                ClientInner::Soft(Client::connect(soft_runtime()?, &url, &self.config)?)
             }
             #[cfg(feature = "verbs")]
-            Scheme::Rdma => ClientInner::Verbs(Client::connect(
-                crate::fabric::open_verbs(&url)?,
-                &url,
-                self.config,
-            )?),
+            Scheme::Rdma => {
+                ClientInner::Verbs(Client::connect(&*verbs_runtime(&url)?, &url, &self.config)?)
+            }
             #[cfg(not(feature = "verbs"))]
             Scheme::Rdma => match crate::fabric::open_verbs(&url)? {},
         };
@@ -140,6 +231,7 @@ impl ChannelBuilder {
                 client,
                 url: url.to_string(),
                 default_timeout: self.timeout,
+                spin: self.config.spin,
             }),
         })
     }
@@ -170,20 +262,20 @@ impl Channel {
         with_client!(&self.inner.client, c => c.conn.is_alive())
     }
 
-    /// The verbs context under this channel, if it is `rdma://` (tests
-    /// inject device events through it).
+    /// The completion queue and queue pair number under this channel, if
+    /// it is `rdma://` (tests inject device events through them).
     #[cfg(all(test, feature = "verbs"))]
-    pub(crate) fn verbs_fabric(&self) -> Option<&crate::fabric::verbs::VerbsFabric> {
+    pub(crate) fn verbs_queue(&self) -> Option<(&crate::fabric::verbs::VerbsCq, u32)> {
         match &self.inner.client {
-            ClientInner::Verbs(c) => Some(&c.ep.fabric),
+            ClientInner::Verbs(c) => Some((&c.ep.cq, c.conn.qp_num)),
             ClientInner::Soft(_) => None,
         }
     }
 
     /// Responses dropped because they arrived after their call ended (timed
-    /// out or cancelled), or named no call.
+    /// out or cancelled), or named no call of this channel.
     pub fn stale_responses(&self) -> u64 {
-        with_client!(&self.inner.client, c => c.ep.role.calls().stale())
+        with_client!(&self.inner.client, c => c.conn.stale_responses())
     }
 
     /// Starts a unary call; generated clients call this.
@@ -206,6 +298,7 @@ impl Channel {
                 slot: Some(slot),
                 id,
                 canceller: Some(self.clone()),
+                started: None,
                 _t: PhantomData,
             },
             Err(status) => UnaryCall::failed(status),
@@ -234,12 +327,24 @@ impl Channel {
 
     /// Handles completions on this thread while `slot` waits, for a while.
     fn poll_for(&self, slot: &CallSlot) {
+        let spin = self.inner.spin;
         with_client!(&self.inner.client, c => {
-            c.ep.poll_until(|| slot.is_done(), || !c.ep.role.calls().is_empty());
+            c.ep.poll_until(spin, || slot.is_done(), || !c.ep.role.calls().is_empty());
         })
     }
 
-    /// Notes how long a blocking call waited for its response.
+    /// Turns the queue once on this thread if nobody else is; true if it did.
+    fn try_progress(&self) -> bool {
+        with_client!(&self.inner.client, c => c.ep.try_progress())
+    }
+
+    /// How long a caller keeps polling for a response before it sleeps.
+    fn spin_budget(&self) -> Duration {
+        let spin = self.inner.spin;
+        with_client!(&self.inner.client, c => c.ep.call_waits.budget(spin))
+    }
+
+    /// Notes how long a call waited for its response.
     fn note_wait(&self, wait: Duration) {
         with_client!(&self.inner.client, c => c.ep.call_waits.record(wait))
     }
@@ -251,27 +356,22 @@ impl Channel {
 }
 
 impl<F: Fabric> Client<F> {
-    fn connect(fabric: F, url: &FabricUrl, config: Config) -> Result<Client<F>, Status> {
-        let ep = Endpoint::new(fabric, config, ClientRole::default())?;
-        let ring = ep.register_ring()?;
+    fn connect(
+        rt: &ClientRuntime<F>,
+        url: &FabricUrl,
+        config: &Config,
+    ) -> Result<Client<F>, Status> {
+        let ep = rt.pick().clone();
+        let ring = ep.fabric.register(config.ring_size, true)?;
         let local = LocalSetup {
             ring: &ring,
-            max_message: ep.config.max_message as u32,
-            timeout: ep.config.connect_timeout,
+            max_message: config.max_message as u32,
+            timeout: config.connect_timeout,
         };
-        let connected = ep.fabric.connect(url, local)?;
-        let conn = ep.add(connected, ring)?;
+        let connected = ep.fabric.connect(url, local, &ep.cq)?;
+        let conn = ep.add(connected, ring, config.max_message)?;
         tracing::debug!(%url, qp_num = conn.qp_num, "connected");
-        let runner = ep.clone();
-        let poller = std::thread::Builder::new()
-            .name(format!("rpc-client-{}", conn.qp_num))
-            .spawn(move || runner.run())
-            .map_err(|e| Status::internal(format!("cannot spawn the poller: {e}")))?;
-        Ok(Client {
-            ep,
-            conn,
-            poller: Some(poller),
-        })
+        Ok(Client { ep, conn })
     }
 
     fn start<Req: prost::Message>(
@@ -280,9 +380,21 @@ impl<F: Fabric> Client<F> {
         request: &Request<Req>,
         timeout: Option<Duration>,
     ) -> Result<(CallId, Arc<CallSlot>), Status> {
+        if !self.conn.is_alive() {
+            return Err(Status::unavailable(format!(
+                "connection closed: {}",
+                self.conn.death().unwrap_or_default()
+            )));
+        }
         let slot = self.ep.role.take_slot();
         let deadline = timeout.map(|t| Instant::now() + t);
-        let id = self.ep.role.calls().insert(slot.clone(), deadline);
+        let id = self.ep.role.calls().insert(
+            Call {
+                slot: slot.clone(),
+                qp_num: self.conn.qp_num,
+            },
+            deadline,
+        );
         if let Some(at) = deadline {
             self.ep.wake_by(at);
         }
@@ -332,29 +444,34 @@ fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {
     let _ = conn.send(&frame, true, &mut |_| {});
 }
 
-/// The client's side of the dispatcher: completes calls.
-struct ClientRole<F: Fabric> {
-    calls: Mutex<CallTable<Arc<CallSlot>>>,
-    /// Slots of finished calls, for reuse.
-    spare_slots: Mutex<Vec<Arc<CallSlot>>>,
-    _f: PhantomData<fn() -> F>,
+/// A call in flight on a dispatcher: who waits, and on which connection.
+struct Call {
+    slot: Arc<CallSlot>,
+    qp_num: u32,
 }
 
-/// Call slots a channel keeps for reuse.
+/// The client's side of one dispatcher: completes the calls of every
+/// channel on it.
+struct ClientRole {
+    calls: Mutex<CallTable<Call>>,
+    /// Slots of finished calls, for reuse.
+    spare_slots: Mutex<Vec<Arc<CallSlot>>>,
+}
+
+/// Call slots a dispatcher keeps for reuse.
 const MAX_SPARE_SLOTS: usize = 1024;
 
-impl<F: Fabric> Default for ClientRole<F> {
+impl Default for ClientRole {
     fn default() -> Self {
         ClientRole {
             calls: Mutex::new(CallTable::new()),
             spare_slots: Mutex::new(Vec::new()),
-            _f: PhantomData,
         }
     }
 }
 
-impl<F: Fabric> ClientRole<F> {
-    fn calls(&self) -> std::sync::MutexGuard<'_, CallTable<Arc<CallSlot>>> {
+impl ClientRole {
+    fn calls(&self) -> std::sync::MutexGuard<'_, CallTable<Call>> {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -390,7 +507,7 @@ impl<F: Fabric> ClientRole<F> {
     }
 }
 
-impl<F: Fabric> Role<F> for ClientRole<F> {
+impl<F: Fabric> Role<F> for ClientRole {
     fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
         let result = match frame.header.kind {
             FrameKind::Response => match frame.metadata {
@@ -415,22 +532,34 @@ impl<F: Fabric> Role<F> for ClientRole<F> {
                 return;
             }
         };
-        let slot = self.calls().complete(frame.header.call_id);
-        match slot {
-            Some(slot) => self.finish(slot, result),
-            None => tracing::debug!(
-                call_id = frame.header.call_id.0,
-                "dropped a response to a call that already ended"
-            ),
+        let id = frame.header.call_id;
+        let call = {
+            let mut calls = self.calls();
+            // Only a call of this connection: another channel's server
+            // cannot complete it.
+            match calls.get_mut(id) {
+                Some(c) if c.qp_num == conn.qp_num => calls.complete(id),
+                _ => None,
+            }
+        };
+        match call {
+            Some(call) => self.finish(call.slot, result),
+            None => {
+                conn.note_stale();
+                tracing::debug!(
+                    call_id = id.0,
+                    "dropped a response to a call that already ended"
+                );
+            }
         }
     }
 
-    fn on_lost(&self, _conn: &Arc<Conn<F>>, why: &str) {
+    fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str) {
         tracing::info!(%why, "connection lost");
-        let calls = self.calls().drain();
-        for (_, slot) in calls {
+        let calls = self.calls().remove_where(|c| c.qp_num == conn.qp_num);
+        for (_, call) in calls {
             self.finish(
-                slot,
+                call.slot,
                 Err(Status::unavailable(format!("connection lost: {why}"))),
             );
         }
@@ -445,18 +574,15 @@ impl<F: Fabric> Role<F> for ClientRole<F> {
             }
             calls.next_deadline()
         };
-        if !expired.is_empty() {
-            let conn = ep.connections().into_iter().next();
-            for (id, slot) in expired {
-                self.finish(
-                    slot,
-                    Err(Status::deadline_exceeded(
-                        "deadline exceeded before the response arrived",
-                    )),
-                );
-                if let Some(conn) = &conn {
-                    send_cancel(conn, id);
-                }
+        for (id, call) in expired {
+            self.finish(
+                call.slot,
+                Err(Status::deadline_exceeded(
+                    "deadline exceeded before the response arrived",
+                )),
+            );
+            if let Some(conn) = ep.conn(call.qp_num) {
+                send_cancel(&conn, id);
             }
         }
         next
@@ -561,6 +687,8 @@ pub struct UnaryCall<T> {
     slot: Option<Arc<CallSlot>>,
     id: CallId,
     canceller: Option<Channel>,
+    /// When an `.await` first found the response missing.
+    started: Option<Instant>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -578,6 +706,7 @@ impl<T> UnaryCall<T> {
             slot: Some(Arc::new(slot)),
             id: CallId(0),
             canceller: None,
+            started: None,
             _t: PhantomData,
         }
     }
@@ -632,21 +761,47 @@ impl<T: prost::Message + Default> UnaryCall<T> {
 impl<T: prost::Message + Default> Future for UnaryCall<T> {
     type Output = Result<Response<T>, Status>;
 
+    /// Checks for the response. While it is missing, the task turns the
+    /// completion queue itself, as a blocking [`UnaryCall::wait`] does, and
+    /// asks to be polled again soon, for up to the channel's spin time: a
+    /// quick response then completes on the task's own thread with no
+    /// hand-off. After that the channel's dispatcher takes over and wakes
+    /// the task.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(slot) = self.slot.as_ref() else {
+        let Some(slot) = self.slot.clone() else {
             return Poll::Ready(Err(Status::internal("call polled after completion")));
         };
-        match slot.poll(cx) {
+        let mut outcome = slot.poll(cx);
+        if outcome.is_pending() {
+            if let Some(channel) = &self.canceller {
+                if channel.try_progress() && slot.is_done() {
+                    outcome = slot.poll(cx);
+                }
+            }
+        }
+        match outcome {
             Poll::Ready(r) => {
                 let slot = self.slot.take().expect("checked above");
+                let started = self.started.take();
                 Poll::Ready(match self.canceller.take() {
-                    Some(channel) => channel.finish_call(slot, r),
+                    Some(channel) => {
+                        if let Some(t) = started {
+                            channel.note_wait(t.elapsed());
+                        }
+                        channel.finish_call(slot, r)
+                    }
                     None => decode_reply(r, drop),
                 })
             }
             Poll::Pending => {
+                let now = Instant::now();
+                let started = *self.started.get_or_insert(now);
                 if let Some(channel) = &self.canceller {
-                    channel.ensure_polled();
+                    if now.duration_since(started) < channel.spin_budget() {
+                        cx.waker().wake_by_ref();
+                    } else {
+                        channel.ensure_polled();
+                    }
                 }
                 Poll::Pending
             }

@@ -2,8 +2,10 @@
 //! maps each completion to its connection (by `qp_num`) and each frame to
 //! the pending call or the handler; connections own the send path.
 
+use crate::executor::Executor;
 use crate::fabric::{
-    Completion, CompletionKind, Connected, Fabric, PeerRing, QueuePair, Region, WcStatus, WriteImm,
+    Completion, CompletionKind, CompletionQueue, Connected, Fabric, PeerRing, QueuePair, Region,
+    WcStatus, WriteImm,
 };
 use crate::idmap::IdMap;
 use crate::protocol::{
@@ -24,6 +26,10 @@ const POLL_BATCH: usize = 64;
 /// on how late it notices that nobody polls any more, should every wake-up
 /// meant for it be missed.
 const CALLER_POLL_NAP: Duration = Duration::from_millis(1);
+/// While callers' futures poll the queue themselves (see
+/// [`Endpoint::try_progress`]), the poller thread naps this long at a time
+/// instead of competing with them for the queue and a core.
+const FUTURE_POLL_NAP: Duration = Duration::from_micros(100);
 /// Waits a moment in a spin loop; now and then lets another thread run
 /// (one that delivers completions may share this core).
 fn spin_pause(spins: &mut u32) {
@@ -162,7 +168,11 @@ struct PollState<F: Fabric> {
 /// others still wait.
 pub(crate) struct Endpoint<F: Fabric, R> {
     pub fabric: F,
+    /// This dispatcher's completion queue: its connections report here.
+    pub cq: F::Cq,
     pub config: Config,
+    /// The tasks of handlers that wait (servers only).
+    pub(crate) exec: Option<Arc<Executor>>,
     pub role: R,
     conns: RwLock<IdMap<Arc<Conn<F>>>>,
     poll: Mutex<PollState<F>>,
@@ -185,32 +195,64 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     /// Receives posted for connections since closed: consumed receives up
     /// to this many are not replenished.
     surplus_recvs: AtomicU64,
+    /// When a caller's future last turned the queue itself (ns since `epoch`).
+    last_future_poll: AtomicU64,
+    /// Connections handled by this dispatcher.
+    load: AtomicUsize,
 }
 
 impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
-    pub(crate) fn new(fabric: F, config: Config, role: R) -> Result<Arc<Self>, Status> {
+    /// A dispatcher on `fabric` with a completion queue of its own; with
+    /// `tasks`, handlers that wait park on it (servers).
+    pub(crate) fn new(
+        fabric: F,
+        config: Config,
+        role: R,
+        tasks: bool,
+    ) -> Result<Arc<Self>, Status> {
+        let cq = fabric.create_cq()?;
         fabric.post_recv(config.srq_depth)?;
-        Ok(Arc::new(Endpoint {
-            fabric,
-            config,
-            role,
-            conns: RwLock::new(IdMap::default()),
-            poll: Mutex::new(PollState {
-                batch: Vec::with_capacity(POLL_BATCH),
-                touched: Vec::new(),
-                consumed_recvs: 0,
-            }),
-            poller: OnceLock::new(),
-            callers_polling: AtomicUsize::new(0),
-            idle_gaps: AdaptiveSpin::default(),
-            call_waits: AdaptiveSpin::default(),
-            poller_napping: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            planned_wake: AtomicU64::new(0),
-            timer_hint: AtomicU64::new(u64::MAX),
-            epoch: Instant::now(),
-            surplus_recvs: AtomicU64::new(0),
+        Ok(Arc::new_cyclic(|me: &std::sync::Weak<Self>| {
+            let exec = tasks.then(|| {
+                let me = me.clone();
+                Executor::new(move || {
+                    if let Some(ep) = me.upgrade() {
+                        ep.cq.interrupt();
+                        ep.unpark_poller();
+                    }
+                })
+            });
+            Endpoint {
+                fabric,
+                cq,
+                config,
+                exec,
+                role,
+                conns: RwLock::new(IdMap::default()),
+                poll: Mutex::new(PollState {
+                    batch: Vec::with_capacity(POLL_BATCH),
+                    touched: Vec::new(),
+                    consumed_recvs: 0,
+                }),
+                poller: OnceLock::new(),
+                callers_polling: AtomicUsize::new(0),
+                idle_gaps: AdaptiveSpin::default(),
+                call_waits: AdaptiveSpin::default(),
+                poller_napping: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                planned_wake: AtomicU64::new(0),
+                timer_hint: AtomicU64::new(u64::MAX),
+                epoch: Instant::now(),
+                surplus_recvs: AtomicU64::new(0),
+                last_future_poll: AtomicU64::new(0),
+                load: AtomicUsize::new(0),
+            }
         }))
+    }
+
+    /// Connections this dispatcher handles.
+    pub(crate) fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
     }
 
     /// Registers the receive ring of a new connection.
@@ -223,8 +265,16 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// Frames are staged at the offset they will take in the peer's ring, so
     /// the staging area mirrors the peer's ring, whose size the peer chose:
     /// it is registered here, once that size is known.
-    pub(crate) fn add(&self, c: Connected<F::Qp>, recv: F::Region) -> Result<Arc<Conn<F>>, Status> {
-        let limit = MAX_PEER_RING.max(self.config.ring_size);
+    ///
+    /// `max_message` is the largest message accepted on it.
+    pub(crate) fn add(
+        &self,
+        c: Connected<F::Qp>,
+        recv: F::Region,
+        max_message: usize,
+    ) -> Result<Arc<Conn<F>>, Status> {
+        let ring_size = recv.len();
+        let limit = MAX_PEER_RING.max(ring_size);
         let peer_cap = usize::try_from(c.peer.len)
             .ok()
             .filter(|&len| len <= limit)
@@ -240,16 +290,18 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         // received, before the poller gets to replenish: provision for all
         // of it, so that a busy poller delays the peer instead of failing it
         // with RNR errors.
-        let recvs = u32::try_from((self.config.ring_size + peer_cap) / ALIGN)
+        let recvs = u32::try_from((ring_size + peer_cap) / ALIGN)
             .map_err(|_| Status::resource_exhausted("rings too large to provision receives"))?;
         let mut conn = Conn::new(recv, staging, self.config.max_backlog, c)?;
         conn.recvs = recvs;
+        conn.max_message = max_message;
         self.fabric.post_recv(recvs)?;
         let conn = Arc::new(conn);
         self.conns
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(conn.qp_num, conn.clone());
+        self.load.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(qp_num = conn.qp_num, peer = %conn.peer_addr, "connection established");
         Ok(conn)
     }
@@ -281,6 +333,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             .is_some();
         conn.kill(why);
         if removed {
+            self.load.fetch_sub(1, Ordering::Relaxed);
             self.surplus_recvs
                 .fetch_add(conn.recvs as u64, Ordering::AcqRel);
             self.role.on_lost(conn, why);
@@ -317,7 +370,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// Asks the poller to exit.
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        self.fabric.interrupt();
+        self.cq.interrupt();
         self.unpark_poller();
     }
 
@@ -345,7 +398,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         self.timer_hint.fetch_min(at, Ordering::SeqCst);
         let planned = self.planned_wake.load(Ordering::SeqCst);
         if planned != 0 && at < planned {
-            self.fabric.interrupt();
+            self.cq.interrupt();
             self.unpark_poller();
         }
     }
@@ -381,7 +434,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             consumed_recvs,
         } = st;
         batch.clear();
-        let n = self.fabric.poll(batch, POLL_BATCH);
+        let n = self.cq.poll(batch, POLL_BATCH);
         let _in_turn = InTurn::enter();
         if n == 0 {
             if *consumed_recvs > 0 && self.replenish(*consumed_recvs).is_ok() {
@@ -423,6 +476,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// is woken to take over.
     pub(crate) fn poll_until(
         self: &Arc<Self>,
+        spin: Duration,
         done: impl Fn() -> bool,
         others_waiting: impl FnOnce() -> bool,
     ) -> bool {
@@ -433,7 +487,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             // alongside it would only take a core from it.
             return done();
         }
-        let spin = self.call_waits.budget(self.config.spin);
+        let spin = self.call_waits.budget(spin);
         let mut idle_since = None;
         let mut spins = 0u32;
         let finished = loop {
@@ -463,26 +517,59 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         finished
     }
 
-    /// The poller: spin briefly on an empty queue, then block. While a
-    /// caller polls in its place, nap.
+    /// Turns the queue once on the calling thread if nobody else is turning
+    /// it, for a caller's future that checks on its response (see
+    /// `UnaryCall`'s `poll`); returns whether it did. While futures do this,
+    /// the poller thread naps instead of competing with them.
+    pub(crate) fn try_progress(self: &Arc<Self>) -> bool {
+        let Some(mut st) = self.try_poll_state() else {
+            return false;
+        };
+        self.last_future_poll
+            .store(self.nanos(Instant::now()).max(1), Ordering::Relaxed);
+        self.turn(&mut st);
+        true
+    }
+
+    /// Runs the tasks woken since last time; returns how many ran.
+    fn run_tasks(&self) -> usize {
+        self.exec.as_ref().map_or(0, |e| e.run_woken())
+    }
+
+    /// The poller: run to completion what the queue brings, spin briefly on
+    /// an empty queue, then block. While a caller polls in its place, nap.
     pub(crate) fn run(self: &Arc<Self>) {
         let _ = self.poller.set(std::thread::current());
+        if let Some(exec) = &self.exec {
+            exec.enter();
+        }
         let mut idle_since: Option<Instant> = None;
         // When the queue last went empty after work, across sleeps.
         let mut gap_start: Option<Instant> = None;
         let mut next_tick = Instant::now();
         let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
-            if self.callers_polling.load(Ordering::SeqCst) > 0 {
+            let future_polled = {
+                let last = self.last_future_poll.load(Ordering::Relaxed);
+                last != 0
+                    && self.nanos(Instant::now()).saturating_sub(last)
+                        < FUTURE_POLL_NAP.as_nanos() as u64 * 4
+            };
+            if self.callers_polling.load(Ordering::SeqCst) > 0 || future_polled {
                 // Say so, then look once more: the last caller may have
                 // stopped before it could see the flag.
                 self.poller_napping.store(true, Ordering::SeqCst);
-                if self.callers_polling.load(Ordering::SeqCst) > 0 {
+                if self.callers_polling.load(Ordering::SeqCst) > 0 || future_polled {
                     let now = Instant::now();
                     next_tick = self.tick(next_tick, now);
+                    let cap = if future_polled {
+                        FUTURE_POLL_NAP
+                    } else {
+                        CALLER_POLL_NAP
+                    };
                     let nap = next_tick
                         .saturating_duration_since(now)
-                        .clamp(Duration::from_micros(20), CALLER_POLL_NAP);
+                        .clamp(Duration::from_micros(20), cap);
                     self.planned_wake
                         .store(self.nanos(now + nap).max(1), Ordering::SeqCst);
                     // A timer asked for before `planned_wake` was set did not
@@ -496,6 +583,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 self.poller_napping.store(false, Ordering::SeqCst);
                 idle_since = None;
                 gap_start = None;
+                self.run_tasks();
                 continue;
             }
             let Some(mut st) = self.try_poll_state() else {
@@ -503,8 +591,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 spin_pause(&mut spins);
                 continue;
             };
-            if self.turn(&mut st) > 0 {
-                drop(st);
+            let found = self.turn(&mut st);
+            drop(st);
+            if found + self.run_tasks() > 0 {
                 idle_since = None;
                 let now = Instant::now();
                 if let Some(start) = gap_start.take() {
@@ -515,7 +604,6 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             }
             // Spinning: read the clock only now and then.
             if idle_since.is_some() && spins % 16 != 0 {
-                drop(st);
                 spin_pause(&mut spins);
                 continue;
             }
@@ -524,17 +612,19 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             let idle = *idle_since.get_or_insert(now);
             gap_start.get_or_insert(now);
             if now.duration_since(idle) < self.idle_gaps.budget(self.config.spin) {
-                drop(st);
                 spin_pause(&mut spins);
                 continue;
             }
             // Arm, look once more (what came before arming would not end
             // the wait), then sleep without holding the queue, so a caller
             // can take it meanwhile.
-            self.fabric.arm();
+            let Some(mut st) = self.try_poll_state() else {
+                continue;
+            };
+            self.cq.arm();
             let found = self.turn(&mut st);
             drop(st);
-            if found > 0 {
+            if found > 0 || self.exec.as_ref().is_some_and(|e| e.has_woken()) {
                 idle_since = None;
                 continue;
             }
@@ -546,10 +636,13 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             let next_tick = next_tick.min(self.epoch + Duration::from_nanos(hint));
             let sleep = next_tick.saturating_duration_since(now);
             if !sleep.is_zero() && self.callers_polling.load(Ordering::SeqCst) == 0 {
-                self.fabric.wait(Some(sleep.min(Duration::from_secs(1))));
+                self.cq.wait(Some(sleep.min(Duration::from_secs(1))));
             }
             self.planned_wake.store(0, Ordering::SeqCst);
             idle_since = None;
+        }
+        if let Some(exec) = &self.exec {
+            exec.clear();
         }
     }
 
@@ -584,7 +677,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                     conn.begin_batch();
                     touched.push(conn.clone());
                 }
-                match conn.on_doorbell(imm, byte_len, self.config.max_message) {
+                match conn.on_doorbell(imm, byte_len, conn.max_message) {
                     Ok(Some(frame)) => self.role.on_frame(self, &conn, frame),
                     Ok(None) => {}
                     Err(why) => {
@@ -726,6 +819,10 @@ pub(crate) struct Conn<F: Fabric> {
     max_backlog: usize,
     /// Receives posted for this connection (see [`Endpoint::add`]).
     recvs: u32,
+    /// Largest message (metadata + payload) accepted from the peer.
+    max_message: usize,
+    /// Responses that named no live call of this connection.
+    stale: AtomicU64,
     /// Buffers incoming messages are copied into, for reuse.
     buffers: Mutex<Vec<Vec<u8>>>,
 }
@@ -784,6 +881,8 @@ impl<F: Fabric> Conn<F> {
             failure: Mutex::new(None),
             max_backlog,
             recvs: 0,
+            max_message: 0,
+            stale: AtomicU64::new(0),
             buffers: Mutex::new(Vec::new()),
         })
     }
@@ -800,6 +899,21 @@ impl<F: Fabric> Conn<F> {
     /// Whether the connection is still usable.
     pub(crate) fn is_alive(&self) -> bool {
         self.send_state().dead.is_none()
+    }
+
+    /// Why the connection died, if it did.
+    pub(crate) fn death(&self) -> Option<String> {
+        self.send_state().dead.clone()
+    }
+
+    /// Counts a response that named no live call of this connection.
+    pub(crate) fn note_stale(&self) {
+        self.stale.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Responses that named no live call of this connection.
+    pub(crate) fn stale_responses(&self) -> u64 {
+        self.stale.load(Ordering::Relaxed)
     }
 
     /// Tells the handshake's last message (server side) once registered.

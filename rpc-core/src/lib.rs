@@ -38,10 +38,12 @@
 //! (the connection handshake).
 #![deny(unsafe_code)]
 
+mod blocking;
 pub mod bootstrap;
 pub mod client;
 pub mod codegen;
 mod dispatch;
+mod executor;
 pub mod fabric;
 mod idmap;
 mod metadata;
@@ -50,6 +52,7 @@ mod request;
 pub mod server;
 mod status;
 
+pub use blocking::{Blocking, blocking};
 pub use client::ChannelBuilder;
 pub use client::{Channel, UnaryCall};
 pub use metadata::{InvalidMetadataKey, Metadata};

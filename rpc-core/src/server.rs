@@ -1,15 +1,17 @@
 //! The server side: [`Server`], [`Service`], [`ServerCall`] and [`ServerHandle`].
 
+use crate::blocking::BlockingPool;
 use crate::client::encode_exact;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role};
+use crate::executor::{self, Executor, panic_message};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, Listener, LocalSetup, Scheme};
 use crate::idmap::IdMap;
 use crate::protocol::{CallId, FrameKind};
 use crate::{Metadata, Request, Response, Status};
-use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,45 +101,100 @@ impl ServerCall {
         &self.metadata
     }
 
-    /// Decodes the request as `Req`, runs `handler`, and sends its result.
-    /// A payload that is not a valid `Req` is answered `InvalidArgument`
-    /// without running the handler; a handler that panics is answered
-    /// `Internal`; a call whose deadline passed is answered
-    /// `DeadlineExceeded` without running the handler.
+    /// Checks the deadline and decodes the request as `Req`; answers the
+    /// call itself (`DeadlineExceeded`, `InvalidArgument`) and returns
+    /// `None` when the handler must not run.
+    fn take_request<Req: prost::Message + Default>(&mut self) -> Option<Request<Req>> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.answer_err(&Status::deadline_exceeded(
+                "deadline passed before the handler ran",
+            ));
+            return None;
+        }
+        let decoded = Req::decode(&self.payload[..]);
+        if let Some(sink) = &self.sink {
+            sink.recycle(std::mem::take(&mut self.payload));
+        }
+        match decoded {
+            Ok(message) => Some(Request::from_wire(
+                message,
+                std::mem::take(&mut self.metadata),
+                self.deadline,
+            )),
+            Err(e) => {
+                let what = std::any::type_name::<Req>();
+                self.answer_err(&Status::invalid_argument(format!(
+                    "request is not a valid {what}: {e}"
+                )));
+                None
+            }
+        }
+    }
+
+    /// Sends a handler's result.
+    fn reply<Resp: prost::Message>(self, result: Result<Response<Resp>, Status>) {
+        match result {
+            Ok(response) => self.reply_ok(response),
+            Err(status) => self.reply_err(&status),
+        }
+    }
+
+    /// Answers a handler that panicked with `Internal`.
+    fn reply_panic(self, panic: &(dyn std::any::Any + Send)) {
+        let what = panic_message(panic);
+        tracing::error!(method_id = self.method_id, panic = %what, "handler panicked");
+        self.reply_err(&Status::internal(format!("handler panicked: {what}")));
+    }
+
+    /// Decodes the request as `Req`, runs the synchronous `handler` on this
+    /// thread, and sends its result. A payload that is not a valid `Req` is
+    /// answered `InvalidArgument` without running the handler; a handler
+    /// that panics is answered `Internal`; a call whose deadline passed is
+    /// answered `DeadlineExceeded` without running the handler.
     pub fn unary<Req, Resp, F>(mut self, handler: F)
     where
         Req: prost::Message + Default,
         Resp: prost::Message,
         F: FnOnce(Request<Req>) -> Result<Response<Resp>, Status>,
     {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            return self.reply_err(&Status::deadline_exceeded(
-                "deadline passed before the handler ran",
-            ));
-        }
-        let decoded = Req::decode(&self.payload[..]);
-        if let Some(sink) = &self.sink {
-            sink.recycle(std::mem::take(&mut self.payload));
-        }
-        let message = match decoded {
-            Ok(m) => m,
-            Err(e) => {
-                let what = std::any::type_name::<Req>();
-                return self.reply_err(&Status::invalid_argument(format!(
-                    "request is not a valid {what}: {e}"
-                )));
-            }
+        let Some(request) = self.take_request::<Req>() else {
+            return;
         };
-        let request =
-            Request::from_wire(message, std::mem::take(&mut self.metadata), self.deadline);
         match catch_unwind(AssertUnwindSafe(|| handler(request))) {
-            Ok(Ok(response)) => self.reply_ok(response),
-            Ok(Err(status)) => self.reply_err(&status),
-            Err(panic) => {
-                let what = panic_message(&*panic);
-                tracing::error!(method_id = self.method_id, panic = %what, "handler panicked");
-                self.reply_err(&Status::internal(format!("handler panicked: {what}")));
-            }
+            Ok(result) => self.reply(result),
+            Err(panic) => self.reply_panic(&*panic),
+        }
+    }
+
+    /// Like [`ServerCall::unary`], for a handler that returns a future.
+    ///
+    /// On a dispatcher thread the future runs to completion there: it is
+    /// polled at once, and if it has to wait (a timer, another call, I/O)
+    /// it parks, the dispatcher goes on with other calls, and it resumes on
+    /// the same dispatcher when woken; its reply is sent from there. Off a
+    /// dispatcher (the blocking pool) the thread blocks on it. A future that
+    /// panics is answered `Internal`.
+    pub fn unary_async<Req, Resp, Fut, F>(mut self, handler: F)
+    where
+        Req: prost::Message + Default,
+        Resp: prost::Message + 'static,
+        Fut: Future<Output = Result<Response<Resp>, Status>> + Send + 'static,
+        F: FnOnce(Request<Req>) -> Fut,
+    {
+        let Some(request) = self.take_request::<Req>() else {
+            return;
+        };
+        let future = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+            Ok(future) => future,
+            Err(panic) => return self.reply_panic(&*panic),
+        };
+        let task = async move {
+            let result = future.await;
+            self.reply(result);
+        };
+        match Executor::current() {
+            Some(exec) => exec.spawn(task),
+            None => executor::block_on(task),
         }
     }
 
@@ -171,6 +228,11 @@ impl ServerCall {
     }
 
     fn reply_err(mut self, status: &Status) {
+        self.answer_err(status);
+    }
+
+    /// Answers with an error status, once.
+    fn answer_err(&mut self, status: &Status) {
         if let Some(sink) = self.sink.take() {
             send_error(&*sink, self.call_id, self.method_id, status);
         }
@@ -198,20 +260,14 @@ fn send_error(sink: &dyn ReplySink, call_id: CallId, method_id: u32, status: &St
 impl Drop for ServerCall {
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
-            let status = Status::internal("the handler did not answer the call");
+            // A handler's future dropped after it panicked (see the executor).
+            let status = match executor::take_panic_message() {
+                Some(what) => Status::internal(format!("handler panicked: {what}")),
+                None => Status::internal("the handler did not answer the call"),
+            };
             send_error(&*sink, self.call_id, self.method_id, &status);
         }
         self.inflight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
     }
 }
 
@@ -219,54 +275,97 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 #[derive(Debug)]
 pub struct Server;
 
+/// The number of CPUs this process may use (at least 1).
+pub(crate) fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 impl Server {
     /// A builder with default settings.
     pub fn builder() -> ServerBuilder {
         ServerBuilder {
             services: Vec::new(),
+            blocking_methods: Vec::new(),
             config: Config::default(),
-            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            inline: false,
+            dispatchers: available_cores(),
+            blocking_threads: available_cores().max(4),
+            #[cfg(feature = "tokio")]
+            tokio: None,
         }
     }
 }
 
 /// Configures services and limits, then serves.
 pub struct ServerBuilder {
-    services: Vec<Arc<dyn Service>>,
+    /// Services, each with whether all its methods block.
+    services: Vec<(Arc<dyn Service>, bool)>,
+    /// Paths (`/package.Service/Method`) of methods that block.
+    blocking_methods: Vec<String>,
     config: Config,
-    workers: usize,
-    inline: bool,
+    dispatchers: usize,
+    blocking_threads: usize,
+    #[cfg(feature = "tokio")]
+    tokio: Option<tokio::runtime::Handle>,
 }
 
 impl fmt::Debug for ServerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<_> = self.services.iter().map(|s| s.descriptor().name).collect();
+        let names: Vec<_> = self
+            .services
+            .iter()
+            .map(|(s, _)| s.descriptor().name)
+            .collect();
         f.debug_struct("ServerBuilder")
             .field("services", &names)
-            .field("workers", &self.workers)
+            .field("dispatchers", &self.dispatchers)
+            .field("blocking_threads", &self.blocking_threads)
             .finish()
     }
 }
 
 impl ServerBuilder {
     /// Adds a service (a generated `FooServer::new(impl)`, or any [`Service`]).
+    ///
+    /// Its handlers run to completion on the dispatcher thread that received
+    /// the request: no hand-off to another thread, the reply leaves in the
+    /// same batch of posts. An `async` handler that waits (a timer, a call
+    /// to another service, tokio I/O) parks and lets the dispatcher go on.
+    /// A handler must therefore not *block* the thread: blocking or
+    /// CPU-heavy work goes to [`ServerBuilder::add_blocking_service`],
+    /// [`ServerBuilder::blocking_method`] or [`crate::blocking`].
     pub fn add_service(mut self, service: impl Service) -> Self {
-        self.services.push(Arc::new(service));
+        self.services.push((Arc::new(service), false));
         self
     }
 
-    /// Worker threads running handlers (default: one per CPU).
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n.max(1);
+    /// Adds a service whose handlers may block or run long: they run on the
+    /// server's bounded blocking pool ([`ServerBuilder::blocking_threads`]),
+    /// so one of them never delays other calls or connections. Each call
+    /// costs a hand-off to a pool thread and back.
+    pub fn add_blocking_service(mut self, service: impl Service) -> Self {
+        self.services.push((Arc::new(service), true));
         self
     }
 
-    /// Runs handlers on the poller thread itself, skipping the hand-off to a
-    /// worker: fastest for short, non-blocking handlers; a slow handler then
-    /// delays every connection of this server.
-    pub fn inline_handlers(mut self, inline: bool) -> Self {
-        self.inline = inline;
+    /// Runs one method (`/package.Service/Method`) on the blocking pool, as
+    /// [`ServerBuilder::add_blocking_service`] does for whole services.
+    /// [`ServerBuilder::serve`] fails if no added service has that method.
+    pub fn blocking_method(mut self, path: &str) -> Self {
+        self.blocking_methods.push(path.to_owned());
+        self
+    }
+
+    /// Dispatcher threads (default: one per CPU). Each owns a completion
+    /// queue and its share of the connections, and runs their handlers.
+    pub fn dispatchers(mut self, n: usize) -> Self {
+        self.dispatchers = n.max(1);
+        self
+    }
+
+    /// Most threads of the blocking pool (default: the number of CPUs, at
+    /// least 4). Threads start when first needed.
+    pub fn blocking_threads(mut self, n: usize) -> Self {
+        self.blocking_threads = n.max(1);
         self
     }
 
@@ -284,9 +383,20 @@ impl ServerBuilder {
         self
     }
 
-    /// How long the poller spins before it blocks when idle (default 50 µs).
+    /// How long a dispatcher spins on an idle queue before it blocks, at
+    /// least (default 50 µs; it spins longer while requests keep coming
+    /// within a millisecond of each other).
     pub fn spin(mut self, spin: Duration) -> Self {
         self.config.spin = spin;
+        self
+    }
+
+    /// The tokio runtime whose timers, sockets and channels handlers may
+    /// use: the dispatchers enter it. By default, the runtime `serve` is
+    /// called from, if any.
+    #[cfg(feature = "tokio")]
+    pub fn tokio_handle(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.tokio = Some(handle);
         self
     }
 
@@ -305,14 +415,14 @@ impl ServerBuilder {
         }
     }
 
-    fn routes(&self) -> Result<IdMap<Arc<dyn Service>>, Status> {
+    fn routes(&self) -> Result<IdMap<Route>, Status> {
         if self.services.is_empty() {
             return Err(Status::invalid_argument(
                 "a server needs at least one service",
             ));
         }
-        let mut routes: HashMap<u32, (&'static str, Arc<dyn Service>)> = HashMap::new();
-        for svc in &self.services {
+        let mut routes: HashMap<u32, (&'static str, Route)> = HashMap::new();
+        for (svc, blocking) in &self.services {
             for m in svc.descriptor().methods {
                 let expected = crate::codegen::method_id(m.path);
                 if m.id != expected {
@@ -321,7 +431,11 @@ impl ServerBuilder {
                         m.path, m.id
                     )));
                 }
-                if let Some((other, _)) = routes.insert(m.id, (m.path, svc.clone())) {
+                let route = Route {
+                    service: svc.clone(),
+                    blocking: *blocking || self.blocking_methods.iter().any(|p| p == m.path),
+                };
+                if let Some((other, _)) = routes.insert(m.id, (m.path, route)) {
                     return Err(Status::invalid_argument(format!(
                         "method id collision: {other} and {} both hash to {:#010x}; rename one",
                         m.path, m.id
@@ -329,70 +443,106 @@ impl ServerBuilder {
                 }
             }
         }
-        Ok(routes.into_iter().map(|(id, (_, s))| (id, s)).collect())
+        for path in &self.blocking_methods {
+            if !routes.values().any(|(p, _)| p == path) {
+                return Err(Status::invalid_argument(format!(
+                    "blocking_method({path:?}): no added service has that method"
+                )));
+            }
+        }
+        Ok(routes.into_iter().map(|(id, (_, r))| (id, r)).collect())
     }
 
     fn serve_on<F: Fabric>(
         self,
         fabric: F,
         url: &FabricUrl,
-        routes: IdMap<Arc<dyn Service>>,
+        routes: IdMap<Route>,
     ) -> Result<ServerHandle, Status> {
         let listener = Arc::new(fabric.listen(url)?);
         let local_url = listener.local_url();
-        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
-        let role = ServerRole {
+        let shared = Arc::new(ServerShared {
             routes,
-            jobs: if self.inline { None } else { Some(jobs_tx) },
+            pool: BlockingPool::new("rpc-blocking", self.blocking_threads),
             draining: AtomicBool::new(false),
             inflight: Arc::new(AtomicUsize::new(0)),
-        };
-        let ep = Endpoint::new(fabric, self.config, role)?;
-        let mut threads = Vec::new();
+        });
+        let mut endpoints = Vec::with_capacity(self.dispatchers);
+        for _ in 0..self.dispatchers {
+            let role = ServerRole {
+                shared: shared.clone(),
+            };
+            endpoints.push(Endpoint::new(
+                fabric.clone(),
+                self.config.clone(),
+                role,
+                true,
+            )?);
+        }
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name)
                 .spawn(f)
                 .map_err(|e| Status::internal(format!("cannot spawn a thread: {e}")))
         };
-        let poller = {
+        #[cfg(feature = "tokio")]
+        let tokio = self
+            .tokio
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let mut dispatchers = Vec::with_capacity(endpoints.len());
+        for (i, ep) in endpoints.iter().enumerate() {
             let ep = ep.clone();
-            spawn("rpc-server-poller".into(), Box::new(move || ep.run()))?
-        };
-        if !self.inline {
-            for i in 0..self.workers {
-                let rx = jobs_rx.clone();
-                threads.push(spawn(
-                    format!("rpc-worker-{i}"),
-                    Box::new(move || worker(rx)),
-                )?);
-            }
+            #[cfg(feature = "tokio")]
+            let tokio = tokio.clone();
+            dispatchers.push(spawn(
+                format!("rpc-dispatch-{i}"),
+                Box::new(move || {
+                    #[cfg(feature = "tokio")]
+                    let _entered = tokio.as_ref().map(|h| h.enter());
+                    ep.run()
+                }),
+            )?);
         }
-        drop(jobs_rx);
+        let endpoints = Arc::new(endpoints);
         let acceptor = {
-            let ep = ep.clone();
+            let endpoints = endpoints.clone();
             let listener = listener.clone();
+            let shared = shared.clone();
             spawn(
                 "rpc-acceptor".into(),
-                Box::new(move || accept_loop(ep, listener)),
+                Box::new(move || accept_loop(&endpoints, &shared, listener)),
             )?
         };
-        tracing::info!(url = %local_url, "serving");
-        let ep2 = ep.clone();
+        tracing::info!(url = %local_url, dispatchers = endpoints.len(), "serving");
         Ok(ServerHandle {
             local_url,
             stopper: Some(Box::new(ServerStopper {
-                ep: ep2,
+                endpoints,
+                shared,
                 listener,
                 acceptor: Some(acceptor),
-                poller: Some(poller),
-                workers: threads,
+                dispatchers,
             })),
         })
     }
 }
 
-fn accept_loop<F: Fabric>(ep: Arc<Endpoint<F, ServerRole>>, listener: Arc<F::Listener>) {
+/// The dispatcher a new connection goes to: the one with the fewest.
+fn least_loaded<F: Fabric>(
+    endpoints: &[Arc<Endpoint<F, ServerRole>>],
+) -> &Arc<Endpoint<F, ServerRole>> {
+    endpoints
+        .iter()
+        .min_by_key(|ep| ep.load())
+        .expect("a server has at least one dispatcher")
+}
+
+fn accept_loop<F: Fabric>(
+    endpoints: &Arc<Vec<Arc<Endpoint<F, ServerRole>>>>,
+    shared: &ServerShared,
+    listener: Arc<F::Listener>,
+) {
     loop {
         let incoming = match listener.next() {
             Ok(Some(i)) => i,
@@ -402,10 +552,10 @@ fn accept_loop<F: Fabric>(ep: Arc<Endpoint<F, ServerRole>>, listener: Arc<F::Lis
                 return;
             }
         };
-        if ep.role.draining.load(Ordering::Acquire) {
+        if shared.draining.load(Ordering::Acquire) {
             continue; // dropping it refuses the connection
         }
-        let ep = ep.clone();
+        let ep = least_loaded(endpoints).clone();
         // Handshakes run on their own thread so a slow peer cannot stall others.
         let spawned = std::thread::Builder::new()
             .name("rpc-handshake".into())
@@ -427,8 +577,8 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
         max_message: ep.config.max_message as u32,
         timeout: ep.config.connect_timeout,
     };
-    let connected = ep.fabric.accept(incoming, local)?;
-    let conn = ep.add(connected, ring)?;
+    let connected = ep.fabric.accept(incoming, local, &ep.cq)?;
+    let conn = ep.add(connected, ring, ep.config.max_message)?;
     if let Err(status) = conn.established() {
         ep.close(&conn, "handshake failed");
         return Err(status);
@@ -437,13 +587,15 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
     Ok(())
 }
 
-struct Job {
+/// Where a method's calls go.
+struct Route {
     service: Arc<dyn Service>,
-    call: ServerCall,
+    /// On the blocking pool, not the dispatcher.
+    blocking: bool,
 }
 
-fn run_job(job: Job) {
-    let Job { service, call } = job;
+/// Calls a service, answering a call the service dropped after a panic.
+fn call_service(service: &dyn Service, call: ServerCall) {
     let method_id = call.method_id;
     // A hand-written Service may panic outside ServerCall::unary; the call's
     // drop then answers it.
@@ -452,18 +604,17 @@ fn run_job(job: Job) {
     }
 }
 
-fn worker(jobs: Receiver<Job>) {
-    for job in jobs.iter() {
-        run_job(job);
-    }
-}
-
-/// The server's side of the dispatcher: routes requests to handlers.
-struct ServerRole {
-    routes: IdMap<Arc<dyn Service>>,
-    jobs: Option<Sender<Job>>,
+/// What a server's dispatchers share: routes and shutdown state.
+struct ServerShared {
+    routes: IdMap<Route>,
+    pool: BlockingPool,
     draining: AtomicBool,
     inflight: Arc<AtomicUsize>,
+}
+
+/// The server's side of one dispatcher: routes requests to handlers.
+struct ServerRole {
+    shared: Arc<ServerShared>,
 }
 
 impl<F: Fabric> Role<F> for ServerRole {
@@ -484,7 +635,8 @@ impl<F: Fabric> Role<F> for ServerRole {
                 return;
             }
         }
-        self.inflight.fetch_add(1, Ordering::AcqRel);
+        let shared = &self.shared;
+        shared.inflight.fetch_add(1, Ordering::AcqRel);
         let deadline =
             (h.timeout_us > 0).then(|| Instant::now() + Duration::from_micros(h.timeout_us as u64));
         let sink: Arc<dyn ReplySink> = conn.clone();
@@ -495,32 +647,26 @@ impl<F: Fabric> Role<F> for ServerRole {
             payload: frame.payload,
             deadline,
             sink: Some(sink),
-            inflight: self.inflight.clone(),
+            inflight: shared.inflight.clone(),
         };
         let Some(metadata) = frame.metadata else {
             return call.reply_err(&Status::invalid_argument("request metadata is malformed"));
         };
         let mut call = call;
         call.metadata = metadata;
-        if self.draining.load(Ordering::Acquire) {
+        if shared.draining.load(Ordering::Acquire) {
             return call.reply_err(&Status::unavailable("server is shutting down"));
         }
-        let Some(service) = self.routes.get(&h.method_id) else {
+        let Some(route) = shared.routes.get(&h.method_id) else {
             return call.unimplemented();
         };
-        let job = Job {
-            service: service.clone(),
-            call,
-        };
-        match &self.jobs {
-            Some(tx) => {
-                if let Err(e) = tx.send(job) {
-                    e.into_inner()
-                        .call
-                        .reply_err(&Status::unavailable("server is shutting down"));
-                }
-            }
-            None => run_job(job),
+        if route.blocking {
+            let service = route.service.clone();
+            shared
+                .pool
+                .execute(Box::new(move || call_service(&*service, call)));
+        } else {
+            call_service(&*route.service, call);
         }
     }
 
@@ -552,11 +698,20 @@ trait Stop: Send {
 }
 
 struct ServerStopper<F: Fabric> {
-    ep: Arc<Endpoint<F, ServerRole>>,
+    endpoints: Arc<Vec<Arc<Endpoint<F, ServerRole>>>>,
+    shared: Arc<ServerShared>,
     listener: Arc<F::Listener>,
     acceptor: Option<JoinHandle<()>>,
-    poller: Option<JoinHandle<()>>,
-    workers: Vec<JoinHandle<()>>,
+    dispatchers: Vec<JoinHandle<()>>,
+}
+
+impl<F: Fabric> ServerStopper<F> {
+    fn connections(&self) -> Vec<(Arc<Endpoint<F, ServerRole>>, Arc<Conn<F>>)> {
+        self.endpoints
+            .iter()
+            .flat_map(|ep| ep.connections().into_iter().map(move |c| (ep.clone(), c)))
+            .collect()
+    }
 }
 
 impl<F: Fabric> Stop for ServerStopper<F> {
@@ -567,19 +722,18 @@ impl<F: Fabric> Stop for ServerStopper<F> {
             let _ = t.join();
         }
         // 2. Refuse new calls, let in-flight ones finish and their replies drain.
-        self.ep.role.draining.store(true, Ordering::Release);
+        self.shared.draining.store(true, Ordering::Release);
         let deadline = Instant::now() + grace;
         let drained = wait_until(deadline, || {
-            self.ep.role.inflight.load(Ordering::Acquire) == 0
+            self.shared.inflight.load(Ordering::Acquire) == 0
                 && !self
-                    .ep
                     .connections()
                     .iter()
-                    .any(|c| c.is_alive() && c.has_unsent())
+                    .any(|(_, c)| c.is_alive() && c.has_unsent())
         });
         if !drained {
             tracing::warn!(
-                inflight = self.ep.role.inflight.load(Ordering::Acquire),
+                inflight = self.shared.inflight.load(Ordering::Acquire),
                 "shutdown grace period over; closing with calls in flight"
             );
         }
@@ -587,11 +741,10 @@ impl<F: Fabric> Stop for ServerStopper<F> {
         // a queue pair discards writes still queued on it, the last replies
         // among them. A signaled write completes after every write before it.
         let mut fences: Vec<_> = self
-            .ep
             .connections()
             .into_iter()
-            .filter(|c| c.is_alive())
-            .map(|c| (c, None))
+            .filter(|(_, c)| c.is_alive())
+            .map(|(_, c)| (c, None))
             .collect();
         let confirmed = wait_until(deadline, || {
             for (conn, fence) in fences.iter_mut() {
@@ -612,17 +765,17 @@ impl<F: Fabric> Stop for ServerStopper<F> {
             );
         }
         // 4. Close every connection (peers see it), then stop the threads.
-        for conn in self.ep.connections() {
-            self.ep.close(&conn, "server shut down");
+        for (ep, conn) in self.connections() {
+            ep.close(&conn, "server shut down");
         }
-        self.ep.stop();
-        if let Some(t) = self.poller.take() {
+        for ep in self.endpoints.iter() {
+            ep.stop();
+        }
+        for t in self.dispatchers.drain(..) {
             let _ = t.join();
         }
-        // Workers exit when the job channel closes (the role owns the sender,
-        // which goes with the last endpoint reference); don't wait on them
-        // beyond the grace period.
-        self.workers.clear();
+        // Blocking-pool threads exit once their queue closes, with the last
+        // reference to the server's shared state; don't wait on them.
         tracing::info!("server stopped");
     }
 }

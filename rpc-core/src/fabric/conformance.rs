@@ -12,6 +12,10 @@ pub(crate) const RING: usize = 1 << 16;
 pub(crate) struct Pair<F: Fabric> {
     pub server: F,
     pub client: F,
+    /// The completion queue of the server's queue pair.
+    pub scq: F::Cq,
+    /// The completion queue of the client's queue pair.
+    pub ccq: F::Cq,
     pub sqp: F::Qp,
     pub cqp: F::Qp,
     pub s_ring: F::Region,
@@ -20,6 +24,55 @@ pub(crate) struct Pair<F: Fabric> {
     pub s_peer: PeerRing,
     pub staging: F::Region,
     pub listener: F::Listener,
+    /// Completions polled while waiting for the other side's: server's, client's.
+    stash: std::sync::Mutex<[std::collections::VecDeque<Completion>; 2]>,
+}
+
+/// Which end of a [`Pair`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Server,
+    Client,
+}
+
+impl<F: Fabric> Pair<F> {
+    /// The next completion of `end`'s queue, waiting up to 20 s. Both queues
+    /// are polled meanwhile: a software fabric's receiving side acts (applies
+    /// writes, acknowledges them) when its queue is polled, as a dispatcher
+    /// always does, where a NIC acts by itself.
+    pub(crate) fn next(&self, end: End) -> Completion {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let i = end as usize;
+        let mut out = Vec::new();
+        loop {
+            {
+                let mut stash = self.stash.lock().unwrap();
+                if let Some(c) = stash[i].pop_front() {
+                    return c;
+                }
+                for (j, cq) in [&self.scq, &self.ccq].into_iter().enumerate() {
+                    out.clear();
+                    cq.poll(&mut out, 64);
+                    stash[j].extend(out.iter().copied());
+                }
+                if !stash[i].is_empty() {
+                    continue;
+                }
+            }
+            assert!(Instant::now() < deadline, "no completion");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The next completion of `end` that is not a successful send.
+    pub(crate) fn next_not_send(&self, end: End) -> Completion {
+        loop {
+            let c = self.next(end);
+            if !(c.kind == CompletionKind::Send && c.status == WcStatus::Success) {
+                return c;
+            }
+        }
+    }
 }
 
 /// Connects `client` to `server` through `listener`, the client bringing
@@ -27,8 +80,10 @@ pub(crate) struct Pair<F: Fabric> {
 /// pair, and the client's view of the server's ring.
 pub(crate) fn connect<F: Fabric>(
     server: &F,
+    scq: &F::Cq,
     listener: &F::Listener,
     client: &F,
+    ccq: &F::Cq,
     c_ring: &F::Region,
 ) -> (F::Qp, F::Region, F::Qp, PeerRing) {
     let url = FabricUrl::parse(&listener.local_url()).unwrap();
@@ -41,7 +96,7 @@ pub(crate) fn connect<F: Fabric>(
                 max_message: 1024,
                 timeout: Duration::from_secs(10),
             };
-            let mut c = server.accept(inc, local).unwrap();
+            let mut c = server.accept(inc, local, scq).unwrap();
             c.qp.established().unwrap();
             c
         });
@@ -50,7 +105,7 @@ pub(crate) fn connect<F: Fabric>(
             max_message: 2048,
             timeout: Duration::from_secs(10),
         };
-        let c = client.connect(&url, local).unwrap();
+        let c = client.connect(&url, local, ccq).unwrap();
         (srv.join().unwrap(), c)
     });
     assert_eq!(s.peer.max_message, 2048, "server learns the client's limit");
@@ -63,10 +118,14 @@ pub(crate) fn pair<F: Fabric>(server: F, client: F, url: &str) -> Pair<F> {
     let listener = server.listen(&FabricUrl::parse(url).unwrap()).unwrap();
     let c_ring = client.register(RING, true).unwrap();
     let staging = client.register(RING, false).unwrap();
-    let (sqp, s_ring, cqp, s_peer) = connect(&server, &listener, &client, &c_ring);
+    let scq = server.create_cq().unwrap();
+    let ccq = client.create_cq().unwrap();
+    let (sqp, s_ring, cqp, s_peer) = connect(&server, &scq, &listener, &client, &ccq, &c_ring);
     Pair {
         server,
         client,
+        scq,
+        ccq,
         sqp,
         cqp,
         s_ring,
@@ -74,11 +133,12 @@ pub(crate) fn pair<F: Fabric>(server: F, client: F, url: &str) -> Pair<F> {
         s_peer,
         staging,
         listener,
+        stash: Default::default(),
     }
 }
 
 /// The next completion, waiting up to 20 s.
-pub(crate) fn wait_one<F: Fabric>(f: &F) -> Completion {
+pub(crate) fn wait_one(f: &impl CompletionQueue) -> Completion {
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while f.poll(&mut out, 1) == 0 {
@@ -89,7 +149,7 @@ pub(crate) fn wait_one<F: Fabric>(f: &F) -> Completion {
 }
 
 /// The next completion that is not a successful send (signaled writes may interleave).
-pub(crate) fn next_not_send<F: Fabric>(f: &F) -> Completion {
+pub(crate) fn next_not_send(f: &impl CompletionQueue) -> Completion {
     loop {
         let c = wait_one(f);
         if !(c.kind == CompletionKind::Send && c.status == WcStatus::Success) {
@@ -131,7 +191,7 @@ pub(crate) fn write_with_imm_lands<F: Fabric>(mut p: Pair<F>) {
             0xC0FFEE,
         ))
         .unwrap();
-    let send = wait_one(&p.client);
+    let send = p.next(End::Client);
     assert_eq!(
         send,
         Completion {
@@ -141,7 +201,7 @@ pub(crate) fn write_with_imm_lands<F: Fabric>(mut p: Pair<F>) {
             status: WcStatus::Success
         }
     );
-    let recv = wait_one(&p.server);
+    let recv = p.next(End::Server);
     assert_eq!(
         recv.kind,
         CompletionKind::RecvImm {
@@ -165,7 +225,7 @@ pub(crate) fn write_with_imm_lands<F: Fabric>(mut p: Pair<F>) {
     };
     p.cqp.post_write_imm(&wr).unwrap();
     assert_eq!(
-        wait_one(&p.server).kind,
+        p.next(End::Server).kind,
         CompletionKind::RecvImm {
             imm: 9,
             byte_len: 0
@@ -185,7 +245,7 @@ pub(crate) fn write_with_imm_lands<F: Fabric>(mut p: Pair<F>) {
     };
     p.sqp.post_write_imm(&wr).unwrap();
     assert_eq!(
-        next_not_send(&p.client).kind,
+        p.next_not_send(End::Client).kind,
         CompletionKind::RecvImm {
             imm: 3,
             byte_len: 16
@@ -210,7 +270,7 @@ pub(crate) fn bad_write_is_rejected<F: Fabric>(mut p: Pair<F>, bad: fn(&PeerRing
         signaled: true,
     };
     p.cqp.post_write_imm(&wr).unwrap();
-    let c = wait_one(&p.client);
+    let c = p.next(End::Client);
     assert_eq!((c.wr_id, c.status), (5, WcStatus::RemoteAccess));
     assert!(
         p.s_ring.read(0, RING, |b| b.iter().all(|&x| x == 0xAA)),
@@ -232,11 +292,13 @@ pub(crate) fn below_the_start(p: &PeerRing) -> (u64, u32) {
 
 /// Every queue pair of a context consumes receives from its one shared
 /// receive queue: two connections are served by exactly two posted receives.
-pub(crate) fn connections_share_one_srq<F: Fabric>(p: Pair<F>, second_client: F) {
+pub(crate) fn connections_share_one_srq<F: Fabric>(mut p: Pair<F>, second_client: F) {
     let ring2 = second_client.register(RING, true).unwrap();
     let staging2 = second_client.register(RING, false).unwrap();
-    let (sqp2, _s_ring2, mut cqp2, peer2) = connect(&p.server, &p.listener, &second_client, &ring2);
-    let mut cqp1 = p.cqp;
+    let ccq2 = second_client.create_cq().unwrap();
+    let (sqp2, _s_ring2, mut cqp2, peer2) =
+        connect(&p.server, &p.scq, &p.listener, &second_client, &ccq2, &ring2);
+    let cqp1 = &mut p.cqp;
     p.server.post_recv(2).unwrap();
     p.staging.write(0, 8, |b| b.fill(1));
     staging2.write(0, 8, |b| b.fill(2));
@@ -245,7 +307,7 @@ pub(crate) fn connections_share_one_srq<F: Fabric>(p: Pair<F>, second_client: F)
     cqp2.post_write_imm(&write(&staging2, &peer2, 0, 8, peer2.rkey, 22))
         .unwrap();
     let mut got: Vec<(u32, u32)> = (0..2)
-        .map(|_| match next_not_send(&p.server) {
+        .map(|_| match p.next_not_send(End::Server) {
             Completion {
                 qp_num,
                 kind: CompletionKind::RecvImm { imm, .. },
@@ -265,6 +327,45 @@ pub(crate) fn connections_share_one_srq<F: Fabric>(p: Pair<F>, second_client: F)
 pub(crate) fn close_is_seen_by_the_peer<F: Fabric>(p: Pair<F>) {
     let sqp_num = p.sqp.qp_num();
     drop(p.cqp);
-    let c = next_not_send(&p.server);
+    let c = next_not_send(&p.scq);
     assert_eq!((c.qp_num, c.status), (sqp_num, WcStatus::RetryExceeded));
+}
+
+/// Queue pairs of one context on different completion queues (one per
+/// dispatcher) still share the context's one receive queue, and each
+/// queue's completions reach only that queue.
+pub(crate) fn completions_reach_only_their_queue<F: Fabric>(mut p: Pair<F>, second_client: F) {
+    let scq2 = p.server.create_cq().unwrap();
+    let ring2 = second_client.register(RING, true).unwrap();
+    let staging2 = second_client.register(RING, false).unwrap();
+    let ccq2 = second_client.create_cq().unwrap();
+    let (sqp2, _s_ring2, mut cqp2, peer2) =
+        connect(&p.server, &scq2, &p.listener, &second_client, &ccq2, &ring2);
+    let cqp1 = &mut p.cqp;
+    p.server.post_recv(2).unwrap();
+    p.staging.write(0, 8, |b| b.fill(1));
+    staging2.write(0, 8, |b| b.fill(2));
+    cqp1.post_write_imm(&write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 11))
+        .unwrap();
+    cqp2.post_write_imm(&write(&staging2, &peer2, 0, 8, peer2.rkey, 22))
+        .unwrap();
+    let recv = |c: Completion| match c {
+        Completion {
+            qp_num,
+            kind: CompletionKind::RecvImm { imm, .. },
+            status: WcStatus::Success,
+            ..
+        } => (qp_num, imm),
+        other => panic!("unexpected completion {other:?}"),
+    };
+    assert_eq!(recv(p.next_not_send(End::Server)), (p.sqp.qp_num(), 11));
+    assert_eq!(recv(next_not_send(&scq2)), (sqp2.qp_num(), 22));
+    let mut out = Vec::new();
+    thread::sleep(Duration::from_millis(20));
+    p.scq.poll(&mut out, 8);
+    scq2.poll(&mut out, 8);
+    assert!(
+        out.iter().all(|c| c.kind == CompletionKind::Send),
+        "nothing else arrived on either queue: {out:?}"
+    );
 }

@@ -9,10 +9,10 @@
 //!   [`WriteImm`]: an RDMA WRITE WITH IMMEDIATE to (remote address, rkey);
 //! - **one shared receive queue** per context: zero-length receives that
 //!   each incoming write-with-imm consumes ([`Fabric::post_recv`]);
-//! - **one completion queue** per context ([`Fabric::poll`], [`Fabric::wait`]):
-//!   receive completions carry `imm`, `byte_len` and `qp_num`; send
-//!   completions report signaled writes; an error completion means the queue
-//!   pair is dead.
+//! - **completion queues** ([`CompletionQueue`]), one per dispatcher, each
+//!   queue pair reporting to one: receive completions carry `imm`,
+//!   `byte_len` and `qp_num`; send completions report signaled writes; an
+//!   error completion means the queue pair is dead.
 //!
 //! [`soft`] implements these semantics in software, in one process
 //! (`mem://`) or over TCP (`tcp://`). The verbs fabric (`rdma://`) maps them
@@ -198,13 +198,36 @@ pub struct Connected<Q> {
     pub peer_addr: String,
 }
 
-/// A fabric context: one protection domain, one shared receive queue and one
-/// completion queue, shared by every queue pair created from it.
-pub trait Fabric: Send + Sync + Sized + 'static {
+/// A completion queue: where one dispatcher learns what its queue pairs
+/// completed. Every queue pair is created on one completion queue (see
+/// [`Fabric::connect`]), and only that queue reports its completions, so a
+/// dispatcher that owns a queue owns its connections' traffic outright.
+pub trait CompletionQueue: Send + Sync + 'static {
+    /// Moves up to `max` completions into `out`; returns how many.
+    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize;
+    /// Asks for the next completion to end a [`CompletionQueue::wait`]. A
+    /// waiter arms, polls once more (a completion that arrived before arming
+    /// may not end the wait), then waits if that found nothing.
+    fn arm(&self) {}
+    /// Blocks until a completion may be ready (one that arrived after the
+    /// last [`CompletionQueue::arm`]), [`CompletionQueue::interrupt`] is
+    /// called, or `timeout` passes. Spurious returns are allowed.
+    fn wait(&self, timeout: Option<Duration>);
+    /// Wakes a thread blocked in [`CompletionQueue::wait`], or makes the
+    /// next wait return at once.
+    fn interrupt(&self);
+}
+
+/// A fabric context: one protection domain and one shared receive queue,
+/// shared by every queue pair created from it, whichever completion queue
+/// each reports to.
+pub trait Fabric: Send + Sync + Sized + Clone + 'static {
     /// Registered memory.
     type Region: Region;
     /// Connected queue pairs.
     type Qp: QueuePair<Region = Self::Region>;
+    /// Completion queues (one per dispatcher).
+    type Cq: CompletionQueue;
     /// Accepts connection attempts.
     type Listener: Listener<Self>;
     /// A connection attempt accepted by a listener, not yet set up.
@@ -214,31 +237,24 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     fn register(&self, len: usize, remote_write: bool) -> Result<Self::Region, FabricError>;
     /// Posts `count` zero-length receives to the shared receive queue.
     fn post_recv(&self, count: u32) -> Result<(), FabricError>;
-    /// Moves up to `max` completions into `out`; returns how many.
-    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize;
-    /// Asks for the next completion to end a [`Fabric::wait`]. A waiter arms,
-    /// polls once more (a completion that arrived before arming may not
-    /// end the wait), then waits if that found nothing.
-    fn arm(&self) {}
-    /// Blocks until a completion may be ready (one that arrived after the
-    /// last [`Fabric::arm`]), [`Fabric::interrupt`] is called, or `timeout`
-    /// passes. Spurious returns are allowed.
-    fn wait(&self, timeout: Option<Duration>);
-    /// Wakes a thread blocked in [`Fabric::wait`].
-    fn interrupt(&self);
+    /// Creates a completion queue on this context.
+    fn create_cq(&self) -> Result<Self::Cq, FabricError>;
     /// Starts listening on `url`.
     fn listen(&self, url: &FabricUrl) -> Result<Self::Listener, FabricError>;
-    /// Connects to a listener at `url`.
+    /// Connects to a listener at `url`; the queue pair reports to `cq`.
     fn connect(
         &self,
         url: &FabricUrl,
         local: LocalSetup<'_, Self::Region>,
+        cq: &Self::Cq,
     ) -> Result<Connected<Self::Qp>, FabricError>;
-    /// Completes the set-up of an accepted connection attempt.
+    /// Completes the set-up of an accepted connection attempt; the queue
+    /// pair reports to `cq`.
     fn accept(
         &self,
         incoming: Self::Incoming,
         local: LocalSetup<'_, Self::Region>,
+        cq: &Self::Cq,
     ) -> Result<Connected<Self::Qp>, FabricError>;
 }
 

@@ -212,6 +212,20 @@ impl<T> CallTable<T> {
             .collect()
     }
 
+    /// Removes every live call whose value satisfies `pred` (for one
+    /// connection that failed, of several sharing the table), in index order.
+    pub fn remove_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<(CallId, T)> {
+        let ids: Vec<CallId> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| pred(&e.value))
+            .map(|(index, e)| CallId::new(index as u32, e.generation))
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| self.take(id).map(|v| (id, v)))
+            .collect()
+    }
+
     /// Live calls.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -1,6 +1,6 @@
 //! `mem://name`: both ends in one process.
 
-use super::{Ctx, SoftQp, SoftRegion, Wire, next_qp_num};
+use super::{CqInner, Ctx, SoftQp, SoftRegion, Wire, next_qp_num};
 use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, LocalSetup, PeerRing, Region, WcStatus,
     WriteImm,
@@ -20,6 +20,7 @@ fn registry() -> &'static Registry {
 /// What the server learns of a connecting client, and where to answer.
 pub struct MemIncoming {
     ctx: Arc<Ctx>,
+    cq: Arc<CqInner>,
     qp_num: u32,
     ring: PeerRing,
     dead: Arc<AtomicBool>,
@@ -28,6 +29,7 @@ pub struct MemIncoming {
 
 struct Reply {
     ctx: Arc<Ctx>,
+    cq: Arc<CqInner>,
     qp_num: u32,
     ring: PeerRing,
     dead: Arc<AtomicBool>,
@@ -36,6 +38,8 @@ struct Reply {
 /// The peer side of an in-process queue pair.
 pub(super) struct MemWire {
     peer: Arc<Ctx>,
+    /// The completion queue the peer's queue pair reports to.
+    peer_cq: Arc<CqInner>,
     peer_qp_num: u32,
     /// Set by whichever end closes first; the other end's next post fails.
     peer_dead: Arc<AtomicBool>,
@@ -51,8 +55,14 @@ impl MemWire {
         if self.peer_dead.load(Ordering::Acquire) {
             return Err(WcStatus::RetryExceeded);
         }
-        self.peer
-            .deliver(self.peer_qp_num, wr.remote_addr, wr.rkey, wr.imm, data)
+        self.peer.deliver(
+            &self.peer_cq,
+            self.peer_qp_num,
+            wr.remote_addr,
+            wr.rkey,
+            wr.imm,
+            data,
+        )
     }
 
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
@@ -70,7 +80,7 @@ impl MemWire {
     pub(super) fn close(&mut self) {
         // Tell the peer, as a dead RC peer eventually would: an error completion.
         if !self.peer_dead.swap(true, Ordering::AcqRel) {
-            self.peer.push(Completion {
+            self.peer_cq.push(Completion {
                 wr_id: 0,
                 qp_num: self.peer_qp_num,
                 kind: CompletionKind::Send,
@@ -142,6 +152,7 @@ fn peer_ring(local: &LocalSetup<'_, SoftRegion>) -> PeerRing {
 
 pub(super) fn connect(
     ctx: &Arc<Ctx>,
+    cq: &Arc<CqInner>,
     name: &str,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
@@ -161,6 +172,7 @@ pub(super) fn connect(
     let (reply_tx, reply_rx) = bounded(1);
     let incoming = MemIncoming {
         ctx: ctx.clone(),
+        cq: cq.clone(),
         qp_num,
         ring: peer_ring(&local),
         dead: dead.clone(),
@@ -178,10 +190,11 @@ pub(super) fn connect(
     Ok(Connected {
         qp: SoftQp {
             qp_num,
-            ctx: ctx.clone(),
+            cq: cq.clone(),
             dead,
             wire: Wire::Mem(MemWire {
                 peer: reply.ctx,
+                peer_cq: reply.cq,
                 peer_qp_num: reply.qp_num,
                 peer_dead: reply.dead,
                 pending_reply: None,
@@ -194,6 +207,7 @@ pub(super) fn connect(
 
 pub(super) fn accept(
     ctx: &Arc<Ctx>,
+    cq: &Arc<CqInner>,
     incoming: MemIncoming,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
@@ -201,6 +215,7 @@ pub(super) fn accept(
     let dead = Arc::new(AtomicBool::new(false));
     let reply = Reply {
         ctx: ctx.clone(),
+        cq: cq.clone(),
         qp_num,
         ring: peer_ring(&local),
         dead: dead.clone(),
@@ -208,10 +223,11 @@ pub(super) fn accept(
     Ok(Connected {
         qp: SoftQp {
             qp_num,
-            ctx: ctx.clone(),
+            cq: cq.clone(),
             dead,
             wire: Wire::Mem(MemWire {
                 peer: incoming.ctx,
+                peer_cq: incoming.cq,
                 peer_qp_num: incoming.qp_num,
                 peer_dead: incoming.dead,
                 pending_reply: Some((incoming.reply, reply)),

@@ -1,13 +1,15 @@
 //! The software fabric: RDMA verbs semantics without RDMA hardware.
 //!
 //! A [`SoftFabric`] is a context like a verbs one: registered regions with
-//! rkeys, one shared receive queue (a count of posted zero-length receives)
-//! and one completion queue. Queue pairs come in two kinds:
+//! rkeys and one shared receive queue (a count of posted zero-length
+//! receives), with completion queues ([`SoftCq`]) created from it, one per
+//! dispatcher. Queue pairs come in two kinds:
 //!
 //! - `mem://name`: both ends in one process; a write-with-imm copies straight
 //!   into the peer's region from the posting thread.
 //! - `tcp://host:port`: a write-with-imm travels as a message over a TCP
-//!   connection; a reader thread on the receiving side plays the NIC.
+//!   connection; whoever polls the receiving side's completion queue plays
+//!   the NIC, reading the non-blocking sockets of its queue pairs.
 //!
 //! Either way the receiving side checks the rkey and bounds (a bad write is an
 //! error completion on the sender, [`WcStatus::RemoteAccess`], and touches
@@ -20,13 +22,13 @@ mod mem;
 mod tcp;
 
 use super::{
-    Completion, CompletionKind, Connected, Fabric, FabricError, FabricUrl, LocalSetup, QueuePair,
-    Region, Scheme, WcStatus, WriteImm,
+    Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError, FabricUrl,
+    LocalSetup, QueuePair, Region, Scheme, WcStatus, WriteImm,
 };
 use crate::idmap::IdMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How long a write waits for a receive before failing like RNR retry exhaustion.
@@ -41,7 +43,9 @@ fn next_qp_num() -> u32 {
     NEXT_QP_NUM.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A software fabric context (protection domain, SRQ and CQ in one).
+/// A software fabric context: registered regions and one shared receive
+/// queue. Completion queues ([`SoftCq`]) are created from it, one per
+/// dispatcher.
 #[derive(Clone)]
 pub struct SoftFabric {
     ctx: Arc<Ctx>,
@@ -57,36 +61,166 @@ impl std::fmt::Debug for SoftFabric {
 
 pub(crate) struct Ctx {
     regions: Mutex<IdMap<Weak<RegionInner>>>,
-    cq: Mutex<Cq>,
-    /// Entries in `cq`: lets a spinning poller see an empty queue without
-    /// taking the lock the producers need.
-    cq_len: AtomicUsize,
-    cq_cond: Condvar,
     srq: AtomicU64,
     srq_waiters: Mutex<usize>,
     srq_cond: Condvar,
     rnr_timeout: Duration,
 }
 
-#[derive(Default)]
-struct Cq {
+/// How a thread sleeps on an empty [`SoftCq`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sleep {
+    Awake,
+    /// On the condition variable (no sockets to watch).
+    Cond,
+    /// In the socket poller (tcp:// connections report to this queue).
+    Io,
+}
+
+struct CqState {
     entries: VecDeque<Completion>,
-    sleeping: bool,
+    sleeping: Sleep,
     interrupted: bool,
 }
 
-impl Ctx {
+/// The shared part of a [`SoftCq`]: its entries, and the sockets of the
+/// tcp:// queue pairs that report to it.
+pub(crate) struct CqInner {
+    state: Mutex<CqState>,
+    /// Entries in `state`: lets a spinning poller see an empty queue without
+    /// taking the lock the producers need.
+    len: AtomicUsize,
+    cond: Condvar,
+    /// The tcp:// sockets, set up with the first tcp:// queue pair.
+    io: OnceLock<tcp::TcpIo>,
+}
+
+impl CqInner {
     pub(crate) fn push(&self, c: Completion) {
-        let mut cq = self.cq.lock().unwrap_or_else(|e| e.into_inner());
-        cq.entries.push_back(c);
-        self.cq_len.fetch_add(1, Ordering::Release);
-        if cq.sleeping {
-            self.cq_cond.notify_one();
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.entries.push_back(c);
+        self.len.fetch_add(1, Ordering::Release);
+        match st.sleeping {
+            Sleep::Awake => {}
+            Sleep::Cond => self.cond.notify_one(),
+            Sleep::Io => {
+                if let Some(io) = self.io.get() {
+                    io.wake();
+                }
+            }
         }
     }
 
-    /// Takes one SRQ receive, waiting up to the RNR timeout.
-    fn take_recv(&self) -> bool {
+    fn io(&self) -> Result<&tcp::TcpIo, FabricError> {
+        if let Some(io) = self.io.get() {
+            return Ok(io);
+        }
+        let io = tcp::TcpIo::new()?;
+        // A racing thread may have set it first: either one serves.
+        let _ = self.io.set(io);
+        Ok(self.io.get().expect("just set"))
+    }
+}
+
+/// A software completion queue. tcp:// queue pairs that report to it are
+/// read by whoever polls it: the sockets are non-blocking and multiplexed
+/// (epoll), and sleeping on an empty queue sleeps in the socket poller.
+#[derive(Clone)]
+pub struct SoftCq {
+    inner: Arc<CqInner>,
+}
+
+impl std::fmt::Debug for SoftCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftCq")
+            .field("entries", &self.inner.len.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl SoftCq {
+    fn new() -> SoftCq {
+        SoftCq {
+            inner: Arc::new(CqInner {
+                state: Mutex::new(CqState {
+                    entries: VecDeque::new(),
+                    sleeping: Sleep::Awake,
+                    interrupted: false,
+                }),
+                len: AtomicUsize::new(0),
+                cond: Condvar::new(),
+                io: OnceLock::new(),
+            }),
+        }
+    }
+}
+
+impl CompletionQueue for SoftCq {
+    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let inner = &self.inner;
+        if let Some(io) = inner.io.get() {
+            io.poll_now(inner);
+        }
+        if inner.len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let n = st.entries.len().min(max);
+        out.extend(st.entries.drain(..n));
+        inner.len.fetch_sub(n, Ordering::Release);
+        n
+    }
+
+    fn wait(&self, timeout: Option<Duration>) {
+        let inner = &self.inner;
+        let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.interrupted || !st.entries.is_empty() {
+            st.interrupted = false;
+            return;
+        }
+        if let Some(io) = inner.io.get() {
+            st.sleeping = Sleep::Io;
+            drop(st);
+            io.wait(inner, timeout);
+            let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.sleeping = Sleep::Awake;
+            st.interrupted = false;
+            return;
+        }
+        st.sleeping = Sleep::Cond;
+        st = match timeout {
+            Some(t) => {
+                inner
+                    .cond
+                    .wait_timeout(st, t)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+            None => inner.cond.wait(st).unwrap_or_else(|e| e.into_inner()),
+        };
+        st.sleeping = Sleep::Awake;
+        st.interrupted = false;
+    }
+
+    fn interrupt(&self) {
+        let inner = &self.inner;
+        let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.interrupted = true;
+        match st.sleeping {
+            Sleep::Awake => {}
+            Sleep::Cond => inner.cond.notify_all(),
+            Sleep::Io => {
+                if let Some(io) = inner.io.get() {
+                    io.wake();
+                }
+            }
+        }
+    }
+}
+
+impl Ctx {
+    /// Takes one SRQ receive if one is posted.
+    fn try_take_recv(&self) -> bool {
         let mut n = self.srq.load(Ordering::Acquire);
         while n > 0 {
             match self
@@ -97,21 +231,21 @@ impl Ctx {
                 Err(cur) => n = cur,
             }
         }
+        false
+    }
+
+    /// Takes one SRQ receive, waiting up to the RNR timeout.
+    fn take_recv(&self) -> bool {
+        if self.try_take_recv() {
+            return true;
+        }
         // Receiver not ready: wait like RNR retries do, then give up.
         let deadline = Instant::now() + self.rnr_timeout;
         let mut waiters = self.srq_waiters.lock().unwrap_or_else(|e| e.into_inner());
         *waiters += 1;
         let got = loop {
-            let n = self.srq.load(Ordering::Acquire);
-            if n > 0 {
-                if self
-                    .srq
-                    .compare_exchange(n, n - 1, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    break true;
-                }
-                continue;
+            if self.try_take_recv() {
+                break true;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -127,9 +261,38 @@ impl Ctx {
         got
     }
 
-    /// What the receiving NIC does with an incoming write-with-imm.
+    /// The region a peer's write of `len` bytes at `remote_addr` with `rkey`
+    /// lands in, and the offset there; `RemoteAccess` if it has no right to.
+    fn target(
+        &self,
+        remote_addr: u64,
+        rkey: u32,
+        len: usize,
+    ) -> Result<(Arc<RegionInner>, usize), WcStatus> {
+        let region = self
+            .regions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&rkey)
+            .and_then(Weak::upgrade)
+            .ok_or(WcStatus::RemoteAccess)?;
+        let start = remote_addr
+            .checked_sub(region.addr)
+            .ok_or(WcStatus::RemoteAccess)?;
+        let end = start
+            .checked_add(len as u64)
+            .ok_or(WcStatus::RemoteAccess)?;
+        if end > region.len as u64 {
+            return Err(WcStatus::RemoteAccess);
+        }
+        Ok((region, start as usize))
+    }
+
+    /// What the receiving NIC does with an incoming write-with-imm of the
+    /// queue pair `qp_num`, which reports to `cq`.
     pub(crate) fn deliver(
         &self,
+        cq: &CqInner,
         qp_num: u32,
         remote_addr: u64,
         rkey: u32,
@@ -139,23 +302,7 @@ impl Ctx {
         let region = if data.is_empty() {
             None
         } else {
-            let region = self
-                .regions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&rkey)
-                .and_then(Weak::upgrade)
-                .ok_or(WcStatus::RemoteAccess)?;
-            let start = remote_addr
-                .checked_sub(region.addr)
-                .ok_or(WcStatus::RemoteAccess)?;
-            let end = start
-                .checked_add(data.len() as u64)
-                .ok_or(WcStatus::RemoteAccess)?;
-            if end > region.len as u64 {
-                return Err(WcStatus::RemoteAccess);
-            }
-            Some((region, start as usize))
+            Some(self.target(remote_addr, rkey, data.len())?)
         };
         if !self.take_recv() {
             return Err(WcStatus::RnrRetryExceeded);
@@ -164,7 +311,7 @@ impl Ctx {
             let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
             bytes[start..start + data.len()].copy_from_slice(data);
         }
-        self.push(Completion {
+        cq.push(Completion {
             wr_id: 0,
             qp_num,
             kind: CompletionKind::RecvImm {
@@ -188,9 +335,6 @@ impl SoftFabric {
         SoftFabric {
             ctx: Arc::new(Ctx {
                 regions: Mutex::new(IdMap::default()),
-                cq: Mutex::new(Cq::default()),
-                cq_len: AtomicUsize::new(0),
-                cq_cond: Condvar::new(),
                 srq: AtomicU64::new(0),
                 srq_waiters: Mutex::new(0),
                 srq_cond: Condvar::new(),
@@ -277,7 +421,8 @@ enum Wire {
 /// A connected soft queue pair.
 pub struct SoftQp {
     qp_num: u32,
-    ctx: Arc<Ctx>,
+    /// The completion queue this queue pair reports to.
+    cq: Arc<CqInner>,
     dead: Arc<AtomicBool>,
     wire: Wire,
 }
@@ -294,13 +439,23 @@ impl std::fmt::Debug for SoftQp {
 impl SoftQp {
     fn fail(&self, wr_id: u64, status: WcStatus) {
         if !self.dead.swap(true, Ordering::AcqRel) {
-            self.ctx.push(Completion {
+            self.cq.push(Completion {
                 wr_id,
                 qp_num: self.qp_num,
                 kind: CompletionKind::Send,
                 status,
             });
         }
+    }
+
+    fn check_alive(&self) -> Result<(), FabricError> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(FabricError {
+                op: "post_write_imm",
+                kind: super::FabricErrorKind::QpDead,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -312,38 +467,42 @@ impl QueuePair for SoftQp {
     }
 
     fn post_write_imm(&mut self, wr: &WriteImm<'_, SoftRegion>) -> Result<(), FabricError> {
-        if self.dead.load(Ordering::Acquire) {
-            return Err(FabricError {
-                op: "post_write_imm",
-                kind: super::FabricErrorKind::QpDead,
-            });
-        }
+        self.post_write_imm_batch(1, |_| WriteImm { ..*wr })
+    }
+
+    fn post_write_imm_batch<'a>(
+        &mut self,
+        count: usize,
+        wr: impl Fn(usize) -> WriteImm<'a, SoftRegion>,
+    ) -> Result<(), FabricError>
+    where
+        SoftRegion: 'a,
+    {
+        self.check_alive()?;
         let result = match &mut self.wire {
-            // In one process the write is applied before this returns: the
+            // In one process each write is applied before this returns: the
             // acknowledgement, and so the send completion, is immediate.
-            Wire::Mem(w) => {
+            Wire::Mem(w) => (0..count).try_for_each(|i| {
+                let wr = wr(i);
                 let r = match wr.local {
-                    Some((region, off, len)) => region.read(off, len, |data| w.write(wr, data)),
-                    None => w.write(wr, &[]),
+                    Some((region, off, len)) => region.read(off, len, |data| w.write(&wr, data)),
+                    None => w.write(&wr, &[]),
                 };
                 if r.is_ok() && wr.signaled {
-                    self.ctx.push(Completion {
+                    self.cq.push(Completion {
                         wr_id: wr.wr_id,
                         qp_num: self.qp_num,
                         kind: CompletionKind::Send,
                         status: WcStatus::Success,
                     });
                 }
-                r
-            }
+                r.map_err(|s| (wr.wr_id, s))
+            }),
             // Over TCP the receiver's ACK produces the send completion.
-            Wire::Tcp(w) => match wr.local {
-                Some((region, off, len)) => region.read(off, len, |data| w.write(wr, data)),
-                None => w.write(wr, &[]),
-            },
+            Wire::Tcp(w) => w.write_batch(count, &wr),
         };
-        if let Err(status) = result {
-            self.fail(wr.wr_id, status);
+        if let Err((wr_id, status)) = result {
+            self.fail(wr_id, status);
         }
         Ok(())
     }
@@ -417,6 +576,7 @@ impl super::Listener<SoftFabric> for SoftListener {
 impl Fabric for SoftFabric {
     type Region = SoftRegion;
     type Qp = SoftQp;
+    type Cq = SoftCq;
     type Listener = SoftListener;
     type Incoming = SoftIncoming;
 
@@ -460,42 +620,8 @@ impl Fabric for SoftFabric {
         Ok(())
     }
 
-    fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
-        if self.ctx.cq_len.load(Ordering::Acquire) == 0 {
-            return 0;
-        }
-        let mut cq = self.ctx.cq.lock().unwrap_or_else(|e| e.into_inner());
-        let n = cq.entries.len().min(max);
-        out.extend(cq.entries.drain(..n));
-        self.ctx.cq_len.fetch_sub(n, Ordering::Release);
-        n
-    }
-
-    fn wait(&self, timeout: Option<Duration>) {
-        let mut cq = self.ctx.cq.lock().unwrap_or_else(|e| e.into_inner());
-        if cq.interrupted || !cq.entries.is_empty() {
-            cq.interrupted = false;
-            return;
-        }
-        cq.sleeping = true;
-        cq = match timeout {
-            Some(t) => {
-                self.ctx
-                    .cq_cond
-                    .wait_timeout(cq, t)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0
-            }
-            None => self.ctx.cq_cond.wait(cq).unwrap_or_else(|e| e.into_inner()),
-        };
-        cq.sleeping = false;
-        cq.interrupted = false;
-    }
-
-    fn interrupt(&self) {
-        let mut cq = self.ctx.cq.lock().unwrap_or_else(|e| e.into_inner());
-        cq.interrupted = true;
-        self.ctx.cq_cond.notify_all();
+    fn create_cq(&self) -> Result<SoftCq, FabricError> {
+        Ok(SoftCq::new())
     }
 
     fn listen(&self, url: &FabricUrl) -> Result<SoftListener, FabricError> {
@@ -513,10 +639,11 @@ impl Fabric for SoftFabric {
         &self,
         url: &FabricUrl,
         local: LocalSetup<'_, SoftRegion>,
+        cq: &SoftCq,
     ) -> Result<Connected<SoftQp>, FabricError> {
         match url.scheme {
-            Scheme::Mem => mem::connect(&self.ctx, &url.host, local),
-            Scheme::Tcp => tcp::connect(&self.ctx, url, local),
+            Scheme::Mem => mem::connect(&self.ctx, &cq.inner, &url.host, local),
+            Scheme::Tcp => tcp::connect(&self.ctx, &cq.inner, url, local),
             Scheme::Rdma => Err(FabricError::invalid(
                 "connect",
                 "the soft fabric serves mem:// and tcp:// only",
@@ -528,10 +655,11 @@ impl Fabric for SoftFabric {
         &self,
         incoming: SoftIncoming,
         local: LocalSetup<'_, SoftRegion>,
+        cq: &SoftCq,
     ) -> Result<Connected<SoftQp>, FabricError> {
         match incoming {
-            SoftIncoming::Mem(i) => mem::accept(&self.ctx, i, local),
-            SoftIncoming::Tcp(s) => tcp::accept(&self.ctx, s, local),
+            SoftIncoming::Mem(i) => mem::accept(&self.ctx, &cq.inner, i, local),
+            SoftIncoming::Tcp(s) => tcp::accept(&self.ctx, &cq.inner, s, local),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `tcp://host:port`: the soft fabric across processes and machines.
 //!
 //! After the [`bootstrap`](crate::bootstrap) handshake, the TCP connection
-//! carries two messages:
+//! carries three messages:
 //!
 //! - `WRITE`: `tag=1` (unsignaled) or `tag=3` (signaled), `wr_id u64,
 //!   remote_addr u64, rkey u32, imm u32, len u32`, then `len` bytes;
@@ -10,22 +10,32 @@
 //! - `NAK`: `tag=2, wr_id u64, status u8`: the receiver rejected a write
 //!   (bad rkey or bounds, or RNR exhaustion); both queue pairs go to error.
 //!
-//! A reader thread per connection plays the receiving NIC. Posting writes
-//! the message to the socket at once when it can, but never blocks for long:
-//! when the socket is full (the peer stopped reading), the rest waits in a
-//! queue that a writer thread drains, as a verbs post never blocks either.
+//! No thread per connection: each socket is non-blocking and belongs to the
+//! completion queue its queue pair reports to ([`TcpIo`], one epoll set per
+//! queue). Whoever polls that queue plays the receiving NIC: it reads every
+//! ready socket (many messages per read, large payloads straight into their
+//! region) and turns what it read into completions; a thread sleeping on the
+//! queue sleeps in the socket poller. Posting writes a batch of messages
+//! with one vectored write; what the socket cannot take at once waits in the
+//! connection's queue and goes out when the socket is writable again, so a
+//! post never blocks. Every length read from the wire is checked against
+//! the target region before a byte of payload is accepted: nothing is
+//! allocated on a peer's say-so.
 
-use super::{Ctx, SoftQp, SoftRegion, Wire, next_qp_num};
+use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
 use crate::bootstrap::{self, Hello, HelloFabric};
 use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
     WcStatus, WriteImm,
 };
-use std::collections::VecDeque;
-use std::io::{BufReader, ErrorKind, IoSlice, Read, Write};
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use slab::Slab;
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 const TAG_WRITE: u8 = 1;
@@ -33,14 +43,22 @@ const TAG_NAK: u8 = 2;
 const TAG_WRITE_SIGNALED: u8 = 3;
 const TAG_ACK: u8 = 4;
 const WRITE_HEADER: usize = 1 + 8 + 8 + 4 + 4 + 4;
-/// Largest write accepted off the wire (a ring is at most this big anyway).
-const MAX_WRITE: usize = 1 << 31;
-/// How long a post may wait for room in the socket before it leaves the rest
-/// to the writer thread (the socket's send timeout).
-const POST_BLOCK: Duration = Duration::from_millis(5);
+const ACK_LEN: usize = 1 + 8;
+const NAK_LEN: usize = 1 + 8 + 1;
+/// Bytes read per `read(2)` into the queue's scratch buffer.
+const SCRATCH: usize = 64 << 10;
+/// A payload with at least this much still to come is read straight into
+/// its region, not through the scratch buffer.
+const DIRECT_READ: usize = 16 << 10;
+/// Bytes read from one socket per poll before the others get their turn.
+const READ_BUDGET: usize = 1 << 20;
+/// Writes of one post gathered into one vectored write.
+const MAX_GATHER: usize = 16;
 /// How long a closing connection keeps trying to flush to a peer that does
 /// not read before it gives up.
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
+/// The poller's token for its waker.
+const WAKER: Token = Token(usize::MAX);
 
 fn status_code(s: WcStatus) -> u8 {
     match s {
@@ -63,212 +81,822 @@ fn status_from(code: u8) -> WcStatus {
     }
 }
 
-/// The byte stream to the peer, shared by posters, the reader (ACKs and
-/// NAKs) and the writer thread. One of them writes at a time, in order.
-struct Tx {
-    stream: TcpStream,
-    state: Mutex<TxState>,
-    cond: Condvar,
+/// The sockets of the tcp:// queue pairs that report to one completion
+/// queue, and the epoll set that watches them.
+pub(crate) struct TcpIo {
+    registry: mio::Registry,
+    waker: mio::Waker,
+    poll: Mutex<IoPoll>,
+    conns: Mutex<Slab<Arc<TcpConn>>>,
+    /// Entries in `conns`: a queue without sockets skips `epoll_wait`.
+    live: AtomicUsize,
+    /// Connections closed with bytes still to flush (see [`TcpIo::close`]).
+    closing: Mutex<Vec<(usize, Instant)>>,
+    has_closing: AtomicBool,
 }
 
+/// What only the thread reading the sockets touches.
+struct IoPoll {
+    poll: mio::Poll,
+    events: mio::Events,
+    scratch: Box<[u8]>,
+    /// Connections that stopped reading before their socket ran dry (read
+    /// budget spent, or waiting for a receive): read again at the next poll,
+    /// since an edge-triggered poller will not report them again.
+    again: Vec<usize>,
+    again_next: Vec<usize>,
+}
+
+impl TcpIo {
+    pub(super) fn new() -> Result<TcpIo, FabricError> {
+        let poll = mio::Poll::new().map_err(|e| FabricError::io("epoll_create", e))?;
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(|e| FabricError::io("epoll registry", e))?;
+        let waker = mio::Waker::new(&registry, WAKER).map_err(|e| FabricError::io("eventfd", e))?;
+        Ok(TcpIo {
+            registry,
+            waker,
+            poll: Mutex::new(IoPoll {
+                poll,
+                events: mio::Events::with_capacity(256),
+                scratch: vec![0u8; SCRATCH].into_boxed_slice(),
+                again: Vec::new(),
+                again_next: Vec::new(),
+            }),
+            conns: Mutex::new(Slab::new()),
+            live: AtomicUsize::new(0),
+            closing: Mutex::new(Vec::new()),
+            has_closing: AtomicBool::new(false),
+        })
+    }
+
+    fn conns(&self) -> MutexGuard<'_, Slab<Arc<TcpConn>>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes a thread sleeping in [`TcpIo::wait`].
+    pub(super) fn wake(&self) {
+        if let Err(e) = self.waker.wake() {
+            tracing::error!(error = %e, "cannot wake a completion queue's poller");
+        }
+    }
+
+    /// Starts watching `conn`'s socket; returns its key.
+    fn register(&self, conn: Arc<TcpConn>) -> Result<usize, FabricError> {
+        let mut conns = self.conns();
+        let entry = conns.vacant_entry();
+        let key = entry.key();
+        self.registry
+            .register(
+                &mut SourceFd(&conn.stream.as_raw_fd()),
+                Token(key),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .map_err(|e| FabricError::io("epoll_ctl(ADD)", e))?;
+        entry.insert(conn);
+        self.live.fetch_add(1, Ordering::Release);
+        Ok(key)
+    }
+
+    /// Stops watching the connection at `key` (if it is still `conn`) and
+    /// shuts its socket down.
+    fn remove(&self, key: usize, conn: &Arc<TcpConn>) {
+        let removed = {
+            let mut conns = self.conns();
+            match conns.get(key) {
+                Some(c) if Arc::ptr_eq(c, conn) => Some(conns.remove(key)),
+                _ => None,
+            }
+        };
+        if let Some(c) = removed {
+            self.live.fetch_sub(1, Ordering::Release);
+            let _ = self
+                .registry
+                .deregister(&mut SourceFd(&c.stream.as_raw_fd()));
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Closes `conn` once what was posted is written, like an orderly close;
+    /// a peer that does not read gets [`CLOSE_LINGER`].
+    fn close(&self, key: usize, conn: &Arc<TcpConn>) {
+        let flushed = {
+            let mut tx = conn.tx();
+            tx.closing = true;
+            tx.unsent() == 0 || tx.failed
+        };
+        if flushed {
+            self.remove(key, conn);
+        } else {
+            self.closing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((key, Instant::now() + CLOSE_LINGER));
+            self.has_closing.store(true, Ordering::Release);
+            self.wake();
+        }
+    }
+
+    /// Reads what the sockets have, without blocking: called by every poll
+    /// of the queue. Skipped while another thread reads them.
+    pub(super) fn poll_now(&self, cq: &CqInner) {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let Ok(mut io) = self.poll.try_lock() else {
+            return;
+        };
+        self.turn(&mut io, cq, Some(Duration::ZERO));
+    }
+
+    /// Sleeps until a socket is ready, the waker fires or `timeout` passes,
+    /// then reads what is ready.
+    pub(super) fn wait(&self, cq: &CqInner, timeout: Option<Duration>) {
+        let mut io = self.poll.lock().unwrap_or_else(|e| e.into_inner());
+        let timeout = if io.again.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
+        self.turn(&mut io, cq, timeout);
+    }
+
+    fn turn(&self, io: &mut IoPoll, cq: &CqInner, timeout: Option<Duration>) {
+        let IoPoll {
+            poll,
+            events,
+            scratch,
+            again,
+            again_next,
+        } = io;
+        if let Err(e) = poll.poll(events, timeout) {
+            if e.kind() != ErrorKind::Interrupted {
+                tracing::error!(error = %e, "epoll_wait failed");
+            }
+            return;
+        }
+        again_next.clear();
+        for key in again.drain(..) {
+            self.service(key, true, false, scratch, cq, again_next);
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+            let writable = ev.is_writable() || ev.is_write_closed();
+            self.service(ev.token().0, readable, writable, scratch, cq, again_next);
+        }
+        std::mem::swap(again, again_next);
+        again.sort_unstable();
+        again.dedup();
+        if self.has_closing.load(Ordering::Acquire) {
+            self.linger();
+        }
+    }
+
+    /// Handles a ready socket.
+    fn service(
+        &self,
+        key: usize,
+        readable: bool,
+        writable: bool,
+        scratch: &mut [u8],
+        cq: &CqInner,
+        again: &mut Vec<usize>,
+    ) {
+        let Some(conn) = self.conns().get(key).cloned() else {
+            return; // closed meanwhile
+        };
+        if writable {
+            conn.flush();
+        }
+        if readable {
+            match conn.read_ready(scratch, cq) {
+                ReadOutcome::Drained => {}
+                ReadOutcome::More => again.push(key),
+                ReadOutcome::Closed => self.remove(key, &conn),
+            }
+        }
+        if conn.tx().closing {
+            let flushed = {
+                let tx = conn.tx();
+                tx.unsent() == 0 || tx.failed
+            };
+            if flushed {
+                self.remove(key, &conn);
+            }
+        }
+    }
+
+    /// Gives up on closing connections whose peer did not read in time, and
+    /// forgets those already gone.
+    fn linger(&self) {
+        let mut closing = self.closing.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        closing.retain(|&(key, deadline)| {
+            let Some(conn) = self.conns().get(key).cloned() else {
+                return false;
+            };
+            if !conn.tx().closing {
+                return false; // the key belongs to a newer connection
+            }
+            if now < deadline {
+                return true;
+            }
+            tracing::debug!("giving up flushing to a peer that does not read");
+            self.remove(key, &conn);
+            false
+        });
+        self.has_closing
+            .store(!closing.is_empty(), Ordering::Release);
+    }
+}
+
+/// What reading a ready socket came to.
+enum ReadOutcome {
+    /// Read until it would block.
+    Drained,
+    /// Stopped early: read again at the next poll.
+    More,
+    /// The connection is over: stop watching it.
+    Closed,
+}
+
+/// Bytes posted but not yet taken by the socket, in order.
 #[derive(Default)]
-struct TxState {
-    /// Messages not yet written, in order; the first may be partly written.
-    queue: VecDeque<Vec<u8>>,
-    /// Bytes of the first queued message already written.
-    front_done: usize,
-    /// Someone is writing to the socket.
-    busy: bool,
+struct TxQueue {
+    bytes: Vec<u8>,
+    /// How much of `bytes` is written.
+    sent: usize,
     /// Shut down once everything queued is written.
     closing: bool,
-    /// The socket failed or was shut down: nothing more is written.
+    /// The socket failed: nothing more is written.
     failed: bool,
 }
 
-/// What writing a message got to.
-enum Wrote {
-    All,
-    /// The socket had no room for a while: this many bytes went out.
-    Part(usize),
-    Failed,
+impl TxQueue {
+    fn unsent(&self) -> usize {
+        self.bytes.len() - self.sent
+    }
 }
 
-impl Tx {
-    fn new(stream: TcpStream) -> std::io::Result<Arc<Tx>> {
-        stream.set_write_timeout(Some(POST_BLOCK))?;
-        Ok(Arc::new(Tx {
-            stream,
-            state: Mutex::new(TxState::default()),
-            cond: Condvar::new(),
-        }))
-    }
+/// An incoming write whose header was read.
+struct InWrite {
+    wr_id: u64,
+    imm: u32,
+    len: usize,
+    signaled: bool,
+    /// Where the payload goes (none for a zero-length write).
+    target: Option<(Arc<RegionInner>, usize)>,
+    /// Payload bytes placed so far.
+    have: usize,
+}
 
-    fn lock(&self) -> MutexGuard<'_, TxState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
+enum RxState {
+    /// Reading a message's tag and fixed fields into `head`.
+    Head {
+        head: [u8; WRITE_HEADER],
+        have: usize,
+    },
+    /// Reading a write's payload into its region.
+    Payload(InWrite),
+    /// A write is in, but the shared receive queue is empty: waiting for a
+    /// receive, as RNR retries do, until `since` + the RNR timeout.
+    Stalled { write: InWrite, since: Instant },
+    /// The connection failed; what else arrives is ignored.
+    Done,
+}
 
-    /// Writes `head` then `data`, from byte `done` of the two, until all is
-    /// written, the socket stays full for [`POST_BLOCK`], or it fails.
-    fn write_from(&self, head: &[u8], data: &[u8], mut done: usize) -> Wrote {
-        let total = head.len() + data.len();
-        while done < total {
-            let wrote = if done < head.len() {
-                (&self.stream).write_vectored(&[IoSlice::new(&head[done..]), IoSlice::new(data)])
-            } else {
-                (&self.stream).write(&data[done - head.len()..])
-            };
-            match wrote {
-                Ok(0) => return Wrote::Failed,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return Wrote::Part(done);
-                }
-                Err(_) => return Wrote::Failed,
+struct Rx {
+    state: RxState,
+    /// Bytes read but not yet parsed (only after a stall).
+    carry: Vec<u8>,
+}
+
+/// One tcp:// queue pair's socket: its receiving NIC and its send queue.
+pub(super) struct TcpConn {
+    qp_num: u32,
+    ctx: Arc<Ctx>,
+    stream: TcpStream,
+    /// Shared with the [`SoftQp`]: set when either side fails or closes it.
+    dead: Arc<AtomicBool>,
+    rx: Mutex<Rx>,
+    tx: Mutex<TxQueue>,
+}
+
+/// Writes `bufs` to a non-blocking socket until done or it would block;
+/// returns the bytes written, or `Err` if the socket failed.
+fn write_nonblocking(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> Result<usize, ()> {
+    let mut written = 0;
+    while !bufs.is_empty() {
+        match (&*stream).write_vectored(bufs) {
+            Ok(0) => return Err(()),
+            Ok(n) => {
+                written += n;
+                IoSlice::advance_slices(&mut bufs, n);
             }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(_) => return Err(()),
         }
-        Wrote::All
+    }
+    Ok(written)
+}
+
+impl TcpConn {
+    fn tx(&self) -> MutexGuard<'_, TxQueue> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends `head` and `data` after everything sent before: writes them now
-    /// (with no copy) if the socket is free and has room, else queues a copy
-    /// for the writer thread. Blocks at most about [`POST_BLOCK`]. `Err` once
-    /// the socket failed.
-    fn send(&self, head: &[u8], data: &[u8]) -> Result<(), ()> {
-        let copy = || [head, data].concat();
-        let mut st = self.lock();
-        if st.failed || st.closing {
+    /// Sends `bufs` after everything sent before: straight to the socket
+    /// when nothing waits ahead of them, and what it cannot take now is
+    /// queued for when it is writable. Never blocks. `Err` once the socket
+    /// failed or the connection is closing.
+    fn send(&self, bufs: &mut [IoSlice<'_>]) -> Result<(), ()> {
+        let mut tx = self.tx();
+        if tx.failed || tx.closing {
             return Err(());
         }
-        if st.busy || !st.queue.is_empty() {
-            st.queue.push_back(copy());
-            self.cond.notify_all();
-            return Ok(());
-        }
-        st.busy = true;
-        drop(st);
-        let wrote = self.write_from(head, data, 0);
-        let mut st = self.lock();
-        st.busy = false;
-        let result = match wrote {
-            Wrote::All => Ok(()),
-            Wrote::Part(done) => {
-                // Ahead of whatever was queued meanwhile.
-                st.queue.push_front(copy());
-                st.front_done = done;
-                Ok(())
+        let written = if tx.unsent() == 0 {
+            match write_nonblocking(&self.stream, bufs) {
+                Ok(n) => n,
+                Err(()) => {
+                    tx.failed = true;
+                    return Err(());
+                }
             }
-            Wrote::Failed => {
-                st.failed = true;
-                Err(())
-            }
+        } else {
+            0
         };
-        if !st.queue.is_empty() || st.failed {
-            self.cond.notify_all();
+        if tx.unsent() == 0 {
+            tx.bytes.clear();
+            tx.sent = 0;
         }
-        result
+        let mut skip = written;
+        for b in bufs.iter() {
+            let take = skip.min(b.len());
+            skip -= take;
+            tx.bytes.extend_from_slice(&b[take..]);
+        }
+        Ok(())
     }
 
-    /// Shuts down once everything sent so far is written.
-    fn close(&self) {
-        self.lock().closing = true;
-        self.cond.notify_all();
+    /// Writes what is queued, as far as the socket takes it.
+    fn flush(&self) {
+        let mut tx = self.tx();
+        if tx.failed || tx.unsent() == 0 {
+            return;
+        }
+        let TxQueue { bytes, sent, .. } = &mut *tx;
+        match write_nonblocking(&self.stream, &mut [IoSlice::new(&bytes[*sent..])]) {
+            Ok(n) => {
+                *sent += n;
+                if *sent == bytes.len() {
+                    bytes.clear();
+                    *sent = 0;
+                    if bytes.capacity() > SCRATCH {
+                        bytes.shrink_to(SCRATCH);
+                    }
+                }
+            }
+            Err(()) => {
+                tx.failed = true;
+                drop(tx);
+                self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, None);
+            }
+        }
     }
 
-    /// Shuts down now, dropping whatever is queued.
-    fn abort(&self) {
-        self.lock().failed = true;
-        self.cond.notify_all();
+    /// The queue pair failed: tells the dispatcher once, with an error
+    /// completion on `cq` (when given: the reading thread passes the queue).
+    fn fail_local(&self, wr_id: u64, kind: CompletionKind, status: WcStatus, cq: Option<&CqInner>) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            if let Some(cq) = cq {
+                cq.push(Completion {
+                    wr_id,
+                    qp_num: self.qp_num,
+                    kind,
+                    status,
+                });
+            }
+        }
+        self.tx().failed = true;
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
-    /// The writer thread: writes what posters could not, until closed or
-    /// failed. `on_error` reports a failed write.
-    fn run(&self, on_error: impl FnOnce()) {
-        let mut st = self.lock();
-        let mut stalled_since: Option<Instant> = None;
-        let mut write_failed = false;
+    /// Rejects a write: the NAK goes out, then the connection closes.
+    fn nak(&self, wr_id: u64, imm: u32, status: WcStatus, cq: &CqInner) {
+        let mut nak = [0u8; NAK_LEN];
+        nak[0] = TAG_NAK;
+        nak[1..9].copy_from_slice(&wr_id.to_le_bytes());
+        nak[9] = status_code(status);
+        let _ = self.send(&mut [IoSlice::new(&nak)]);
+        self.tx().closing = true;
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            cq.push(Completion {
+                wr_id: 0,
+                qp_num: self.qp_num,
+                kind: CompletionKind::RecvImm { imm, byte_len: 0 },
+                status,
+            });
+        }
+    }
+
+    /// Reads what the socket has, up to the read budget.
+    fn read_ready(&self, scratch: &mut [u8], cq: &CqInner) -> ReadOutcome {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(rx.state, RxState::Done) {
+            return ReadOutcome::Closed;
+        }
+        // Bytes left over from a stall come first.
+        if let RxState::Stalled { .. } = rx.state {
+            match self.retry_stalled(&mut rx, cq) {
+                Step::Go => {}
+                Step::Wait => return ReadOutcome::More,
+                Step::Stop => return ReadOutcome::Closed,
+            }
+        }
+        if !rx.carry.is_empty() {
+            let carry = std::mem::take(&mut rx.carry);
+            match self.parse(&mut rx, &carry, cq) {
+                Parsed::All => {}
+                Parsed::Stalled(rest) => {
+                    rx.carry = carry[carry.len() - rest..].to_vec();
+                    return ReadOutcome::More;
+                }
+                Parsed::Stop => return ReadOutcome::Closed,
+            }
+        }
+        let mut budget = READ_BUDGET;
         loop {
-            if st.failed {
-                break;
-            }
-            if st.busy || st.queue.is_empty() {
-                if st.closing && !st.busy {
-                    break;
-                }
-                st = self.cond.wait(st).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            if st.closing && stalled_since.is_some_and(|t| t.elapsed() > CLOSE_LINGER) {
-                tracing::debug!("giving up flushing to a peer that does not read");
-                break;
-            }
-            let bytes = st.queue.pop_front().expect("queue not empty");
-            let done = std::mem::take(&mut st.front_done);
-            st.busy = true;
-            drop(st);
-            let wrote = self.write_from(&bytes, &[], done);
-            st = self.lock();
-            st.busy = false;
-            match wrote {
-                Wrote::All => stalled_since = None,
-                Wrote::Part(now_done) => {
-                    if now_done > done {
-                        stalled_since = None;
+            let direct = match &rx.state {
+                RxState::Payload(w) if w.len - w.have >= DIRECT_READ => w.target.clone(),
+                _ => None,
+            };
+            let read = match direct {
+                Some((region, start)) => {
+                    let RxState::Payload(w) = &mut rx.state else {
+                        unreachable!("checked above")
+                    };
+                    let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
+                    let r = (&self.stream).read(&mut bytes[start + w.have..start + w.len]);
+                    if let Ok(n) = r {
+                        w.have += n;
                     }
-                    stalled_since.get_or_insert_with(Instant::now);
-                    st.queue.push_front(bytes);
-                    st.front_done = now_done;
+                    r.map(|n| (n, true))
                 }
-                Wrote::Failed => {
-                    if !st.failed {
-                        write_failed = true;
+                None => (&self.stream).read(scratch).map(|n| (n, false)),
+            };
+            match read {
+                Ok((0, _)) => {
+                    // Peer gone (or we closed: then `dead` is set and nothing is pushed).
+                    rx.state = RxState::Done;
+                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
+                    return ReadOutcome::Closed;
+                }
+                Ok((n, direct)) => {
+                    budget = budget.saturating_sub(n);
+                    if direct {
+                        if let RxState::Payload(w) = &rx.state {
+                            if w.have == w.len {
+                                let RxState::Payload(w) =
+                                    std::mem::replace(&mut rx.state, RxState::Done)
+                                else {
+                                    unreachable!("checked above")
+                                };
+                                match self.complete(&mut rx, w, cq, None) {
+                                    Step::Go => {}
+                                    Step::Wait => return ReadOutcome::More,
+                                    Step::Stop => return ReadOutcome::Closed,
+                                }
+                            }
+                        }
+                    } else {
+                        match self.parse(&mut rx, &scratch[..n], cq) {
+                            Parsed::All => {}
+                            Parsed::Stalled(rest) => {
+                                rx.carry = scratch[n - rest..n].to_vec();
+                                return ReadOutcome::More;
+                            }
+                            Parsed::Stop => return ReadOutcome::Closed,
+                        }
                     }
-                    break;
+                    if budget == 0 {
+                        return ReadOutcome::More;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return ReadOutcome::Drained,
+                Err(_) => {
+                    rx.state = RxState::Done;
+                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
+                    return ReadOutcome::Closed;
                 }
             }
-        }
-        st.failed = true;
-        st.queue.clear();
-        drop(st);
-        let _ = self.stream.shutdown(Shutdown::Both);
-        if write_failed {
-            on_error();
         }
     }
+
+    /// Parses `data` as the continuation of the byte stream.
+    fn parse(&self, rx: &mut Rx, mut data: &[u8], cq: &CqInner) -> Parsed {
+        while !data.is_empty() {
+            match &mut rx.state {
+                RxState::Head { head, have } => {
+                    let need = match head[0] {
+                        _ if *have == 0 => 1,
+                        TAG_WRITE | TAG_WRITE_SIGNALED => WRITE_HEADER,
+                        TAG_ACK => ACK_LEN,
+                        TAG_NAK => NAK_LEN,
+                        other => {
+                            tracing::warn!(
+                                qp_num = self.qp_num,
+                                tag = other,
+                                "peer sent an unknown message"
+                            );
+                            rx.state = RxState::Done;
+                            let status = WcStatus::Other {
+                                vendor: other as u32,
+                            };
+                            self.fail_local(0, CompletionKind::Send, status, Some(cq));
+                            return Parsed::Stop;
+                        }
+                    };
+                    let take = (need - *have).min(data.len());
+                    head[*have..*have + take].copy_from_slice(&data[..take]);
+                    *have += take;
+                    data = &data[take..];
+                    if *have == 1 {
+                        continue; // the tag says how much more to read
+                    }
+                    if *have < need {
+                        continue;
+                    }
+                    let head = *head;
+                    match self.on_head(rx, &head, cq) {
+                        Step::Go => {}
+                        Step::Wait => return Parsed::Stalled(data.len()),
+                        Step::Stop => return Parsed::Stop,
+                    }
+                }
+                RxState::Payload(w) => {
+                    let take = (w.len - w.have).min(data.len());
+                    if let Some((region, start)) = &w.target {
+                        let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
+                        let at = start + w.have;
+                        bytes[at..at + take].copy_from_slice(&data[..take]);
+                    }
+                    w.have += take;
+                    data = &data[take..];
+                    if w.have == w.len {
+                        let RxState::Payload(w) = std::mem::replace(&mut rx.state, RxState::Done)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        match self.complete(rx, w, cq, None) {
+                            Step::Go => {}
+                            Step::Wait => return Parsed::Stalled(data.len()),
+                            Step::Stop => return Parsed::Stop,
+                        }
+                    }
+                }
+                RxState::Stalled { .. } => return Parsed::Stalled(data.len()),
+                RxState::Done => return Parsed::Stop,
+            }
+        }
+        Parsed::All
+    }
+
+    /// A message's fixed part is in `head`.
+    fn on_head(&self, rx: &mut Rx, head: &[u8; WRITE_HEADER], cq: &CqInner) -> Step {
+        let u64_at = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8"));
+        let u32_at = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4"));
+        rx.state = RxState::Head {
+            head: [0; WRITE_HEADER],
+            have: 0,
+        };
+        match head[0] {
+            TAG_ACK => {
+                cq.push(Completion {
+                    wr_id: u64_at(1),
+                    qp_num: self.qp_num,
+                    kind: CompletionKind::Send,
+                    status: WcStatus::Success,
+                });
+                Step::Go
+            }
+            TAG_NAK => {
+                rx.state = RxState::Done;
+                self.fail_local(
+                    u64_at(1),
+                    CompletionKind::Send,
+                    status_from(head[9]),
+                    Some(cq),
+                );
+                Step::Stop
+            }
+            tag => {
+                let (wr_id, addr, rkey, imm) = (u64_at(1), u64_at(9), u32_at(17), u32_at(21));
+                let len = u32_at(25) as usize;
+                // Checked against the target region before any payload is
+                // accepted: the length cannot make this side allocate.
+                let target = if len == 0 {
+                    None
+                } else {
+                    match self.ctx.target(addr, rkey, len) {
+                        Ok(t) => Some(t),
+                        Err(status) => {
+                            tracing::debug!(
+                                qp_num = self.qp_num,
+                                len,
+                                "rejected a write outside any region"
+                            );
+                            rx.state = RxState::Done;
+                            self.nak(wr_id, imm, status, cq);
+                            return Step::Stop;
+                        }
+                    }
+                };
+                let w = InWrite {
+                    wr_id,
+                    imm,
+                    len,
+                    signaled: tag == TAG_WRITE_SIGNALED,
+                    target,
+                    have: 0,
+                };
+                if len == 0 {
+                    self.complete(rx, w, cq, None)
+                } else {
+                    rx.state = RxState::Payload(w);
+                    Step::Go
+                }
+            }
+        }
+    }
+
+    /// A write's payload is placed: consume a receive, report it, and
+    /// acknowledge it if it was signaled. With no receive posted, stall
+    /// (stop reading) until one is, or fail after the RNR timeout counted
+    /// from `stalled_since`.
+    fn complete(
+        &self,
+        rx: &mut Rx,
+        w: InWrite,
+        cq: &CqInner,
+        stalled_since: Option<Instant>,
+    ) -> Step {
+        if self.dead.load(Ordering::Acquire) {
+            // Closed locally: nothing is delivered any more.
+            rx.state = RxState::Done;
+            return Step::Stop;
+        }
+        if !self.ctx.try_take_recv() {
+            let since = stalled_since.unwrap_or_else(Instant::now);
+            if since.elapsed() >= self.ctx.rnr_timeout {
+                rx.state = RxState::Done;
+                self.nak(w.wr_id, w.imm, WcStatus::RnrRetryExceeded, cq);
+                return Step::Stop;
+            }
+            rx.state = RxState::Stalled { write: w, since };
+            return Step::Wait;
+        }
+        rx.state = RxState::Head {
+            head: [0; WRITE_HEADER],
+            have: 0,
+        };
+        cq.push(Completion {
+            wr_id: 0,
+            qp_num: self.qp_num,
+            kind: CompletionKind::RecvImm {
+                imm: w.imm,
+                byte_len: w.len as u32,
+            },
+            status: WcStatus::Success,
+        });
+        if w.signaled {
+            let mut ack = [0u8; ACK_LEN];
+            ack[0] = TAG_ACK;
+            ack[1..9].copy_from_slice(&w.wr_id.to_le_bytes());
+            let _ = self.send(&mut [IoSlice::new(&ack)]);
+        }
+        Step::Go
+    }
+
+    fn retry_stalled(&self, rx: &mut Rx, cq: &CqInner) -> Step {
+        match std::mem::replace(&mut rx.state, RxState::Done) {
+            RxState::Stalled { write, since } => self.complete(rx, write, cq, Some(since)),
+            other => {
+                rx.state = other;
+                Step::Go
+            }
+        }
+    }
+}
+
+enum Step {
+    Go,
+    /// Stalled for a receive: stop reading for now.
+    Wait,
+    /// The connection failed.
+    Stop,
+}
+
+enum Parsed {
+    All,
+    /// Stalled with this many bytes of the input still unparsed.
+    Stalled(usize),
+    Stop,
 }
 
 /// The sending half of a TCP queue pair.
 pub(super) struct TcpWire {
-    tx: Arc<Tx>,
+    conn: Arc<TcpConn>,
+    key: usize,
+    cq: Arc<CqInner>,
     pending_hello: Option<Hello>,
 }
 
 impl TcpWire {
-    pub(super) fn write(
+    /// Sends `count` writes with one vectored write. `Err` names the work
+    /// request that failed and why.
+    pub(super) fn write_batch<'a>(
         &mut self,
-        wr: &WriteImm<'_, SoftRegion>,
-        data: &[u8],
-    ) -> Result<(), WcStatus> {
-        let mut head = [0u8; WRITE_HEADER];
-        head[0] = if wr.signaled {
-            TAG_WRITE_SIGNALED
-        } else {
-            TAG_WRITE
-        };
-        head[1..9].copy_from_slice(&wr.wr_id.to_le_bytes());
-        head[9..17].copy_from_slice(&wr.remote_addr.to_le_bytes());
-        head[17..21].copy_from_slice(&wr.rkey.to_le_bytes());
-        head[21..25].copy_from_slice(&wr.imm.to_le_bytes());
-        head[25..29].copy_from_slice(&(data.len() as u32).to_le_bytes());
-        self.tx
-            .send(&head, data)
-            .map_err(|()| WcStatus::RetryExceeded)
+        count: usize,
+        wr: &impl Fn(usize) -> WriteImm<'a, SoftRegion>,
+    ) -> Result<(), (u64, WcStatus)> {
+        let mut first = 0;
+        while first < count {
+            let n = (count - first).min(MAX_GATHER);
+            let mut heads = [[0u8; WRITE_HEADER]; MAX_GATHER];
+            let mut locals: [Option<(&SoftRegion, usize, usize)>; MAX_GATHER] = [None; MAX_GATHER];
+            let mut last_wr = 0;
+            for i in 0..n {
+                let w = wr(first + i);
+                let len = w.local.map_or(0, |(_, _, len)| len);
+                let h = &mut heads[i];
+                h[0] = if w.signaled {
+                    TAG_WRITE_SIGNALED
+                } else {
+                    TAG_WRITE
+                };
+                h[1..9].copy_from_slice(&w.wr_id.to_le_bytes());
+                h[9..17].copy_from_slice(&w.remote_addr.to_le_bytes());
+                h[17..21].copy_from_slice(&w.rkey.to_le_bytes());
+                h[21..25].copy_from_slice(&w.imm.to_le_bytes());
+                h[25..29].copy_from_slice(&(len as u32).to_le_bytes());
+                locals[i] = w.local;
+                last_wr = w.wr_id;
+            }
+            // One read guard per distinct region (a batch comes from one
+            // staging area): a second read lock on one RwLock could wait
+            // behind a writer.
+            let mut guards: [Option<(&SoftRegion, RwLockReadGuard<'_, Box<[u8]>>)>; MAX_GATHER] =
+                [const { None }; MAX_GATHER];
+            for (i, local) in locals[..n].iter().enumerate() {
+                if let Some((region, _, _)) = local {
+                    let known = guards[..i]
+                        .iter()
+                        .flatten()
+                        .any(|(r, _)| Arc::ptr_eq(&r.inner, &region.inner));
+                    if !known {
+                        guards[i] = Some((
+                            region,
+                            region.inner.data.read().unwrap_or_else(|e| e.into_inner()),
+                        ));
+                    }
+                }
+            }
+            let mut slices: [IoSlice<'_>; 2 * MAX_GATHER] = [IoSlice::new(&[]); 2 * MAX_GATHER];
+            let mut used = 0;
+            for i in 0..n {
+                slices[used] = IoSlice::new(&heads[i]);
+                used += 1;
+                if let Some((region, off, len)) = locals[i] {
+                    if len > 0 {
+                        let (_, bytes) = guards
+                            .iter()
+                            .flatten()
+                            .find(|(r, _)| Arc::ptr_eq(&r.inner, &region.inner))
+                            .expect("a guard for every region");
+                        slices[used] = IoSlice::new(&bytes[off..off + len]);
+                        used += 1;
+                    }
+                }
+            }
+            self.conn
+                .send(&mut slices[..used])
+                .map_err(|()| (last_wr, WcStatus::RetryExceeded))?;
+            first += n;
+        }
+        Ok(())
     }
 
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending_hello.take() {
-            self.tx.send(&hello.encode(), &[]).map_err(|()| {
+            let bytes = hello.encode();
+            self.conn.send(&mut [IoSlice::new(&bytes)]).map_err(|()| {
                 FabricError::unreachable("accept", "the connection failed during the handshake")
             })?;
         }
@@ -277,7 +905,9 @@ impl TcpWire {
 
     /// Closes once what was posted is written, like an orderly close.
     pub(super) fn close(&mut self) {
-        self.tx.close();
+        if let Some(io) = self.cq.io.get() {
+            io.close(self.key, &self.conn);
+        }
     }
 }
 
@@ -303,6 +933,7 @@ fn local_hello(qp_num: u32, local: &LocalSetup<'_, SoftRegion>) -> Hello {
 
 pub(super) fn connect(
     ctx: &Arc<Ctx>,
+    cq: &Arc<CqInner>,
     url: &FabricUrl,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
@@ -311,11 +942,12 @@ pub(super) fn connect(
     setup(&stream, local.timeout)?;
     bootstrap::send(&mut stream, &local_hello(qp_num, &local))?;
     let peer = bootstrap::recv(&mut stream, HelloFabric::Tcp)?;
-    finish(ctx, stream, qp_num, peer, None)
+    finish(ctx, cq, stream, qp_num, peer, None)
 }
 
 pub(super) fn accept(
     ctx: &Arc<Ctx>,
+    cq: &Arc<CqInner>,
     mut stream: TcpStream,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
@@ -323,10 +955,10 @@ pub(super) fn accept(
     let peer = bootstrap::recv(&mut stream, HelloFabric::Tcp)?;
     let qp_num = next_qp_num();
     let hello = local_hello(qp_num, &local);
-    finish(ctx, stream, qp_num, peer, Some(hello))
+    finish(ctx, cq, stream, qp_num, peer, Some(hello))
 }
 
-fn setup(stream: &TcpStream, timeout: std::time::Duration) -> Result<(), FabricError> {
+fn setup(stream: &TcpStream, timeout: Duration) -> Result<(), FabricError> {
     stream
         .set_nodelay(true)
         .map_err(|e| FabricError::io("set_nodelay", e))?;
@@ -337,6 +969,7 @@ fn setup(stream: &TcpStream, timeout: std::time::Duration) -> Result<(), FabricE
 
 fn finish(
     ctx: &Arc<Ctx>,
+    cq: &Arc<CqInner>,
     stream: TcpStream,
     qp_num: u32,
     peer: Hello,
@@ -345,170 +978,42 @@ fn finish(
     stream
         .set_read_timeout(None)
         .map_err(|e| FabricError::io("set_read_timeout", e))?;
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| FabricError::io("set_nonblocking", e))?;
     let peer_addr = stream
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    let reader = stream
-        .try_clone()
-        .map_err(|e| FabricError::io("clone socket", e))?;
-    let tx = Tx::new(stream).map_err(|e| FabricError::io("set_write_timeout", e))?;
     let dead = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (tx, ctx, dead) = (tx.clone(), ctx.clone(), dead.clone());
-        move || {
-            tx.run(|| {
-                if !dead.swap(true, Ordering::AcqRel) {
-                    ctx.push(Completion {
-                        wr_id: 0,
-                        qp_num,
-                        kind: CompletionKind::Send,
-                        status: WcStatus::RetryExceeded,
-                    });
-                }
-            })
-        }
-    };
-    std::thread::Builder::new()
-        .name(format!("rpc-tcp-tx-{qp_num}"))
-        .spawn(writer)
-        .map_err(|e| FabricError::io("spawn writer", e))?;
-    let nic = ReaderNic {
-        ctx: ctx.clone(),
+    let conn = Arc::new(TcpConn {
         qp_num,
+        ctx: ctx.clone(),
+        stream,
         dead: dead.clone(),
-        tx: tx.clone(),
-    };
-    if let Err(e) = std::thread::Builder::new()
-        .name(format!("rpc-tcp-rx-{qp_num}"))
-        .spawn(move || nic.run(reader))
-    {
-        tx.abort(); // ends the writer thread
-        return Err(FabricError::io("spawn reader", e));
-    }
+        rx: Mutex::new(Rx {
+            state: RxState::Head {
+                head: [0; WRITE_HEADER],
+                have: 0,
+            },
+            carry: Vec::new(),
+        }),
+        tx: Mutex::new(TxQueue::default()),
+    });
+    let key = cq.io()?.register(conn.clone())?;
     Ok(Connected {
         qp: SoftQp {
             qp_num,
-            ctx: ctx.clone(),
+            cq: cq.clone(),
             dead,
-            wire: Wire::Tcp(TcpWire { tx, pending_hello }),
+            wire: Wire::Tcp(TcpWire {
+                conn,
+                key,
+                cq: cq.clone(),
+                pending_hello,
+            }),
         },
         peer: peer.ring,
         peer_addr,
     })
-}
-
-/// The receiving side of a TCP queue pair: reads writes and applies them.
-struct ReaderNic {
-    ctx: Arc<Ctx>,
-    qp_num: u32,
-    dead: Arc<AtomicBool>,
-    tx: Arc<Tx>,
-}
-
-impl ReaderNic {
-    fn fail(&self, wr_id: u64, kind: CompletionKind, status: WcStatus) {
-        self.mark_dead(wr_id, kind, status);
-        self.tx.abort();
-    }
-
-    fn mark_dead(&self, wr_id: u64, kind: CompletionKind, status: WcStatus) {
-        if !self.dead.swap(true, Ordering::AcqRel) {
-            self.ctx.push(Completion {
-                wr_id,
-                qp_num: self.qp_num,
-                kind,
-                status,
-            });
-        }
-    }
-
-    fn run(self, stream: TcpStream) {
-        let mut r = BufReader::with_capacity(256 * 1024, stream);
-        let mut data = Vec::new();
-        loop {
-            let mut tag = [0u8; 1];
-            if r.read_exact(&mut tag).is_err() {
-                // Peer gone (or we closed: then `dead` is already set and nothing is pushed).
-                return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
-            }
-            match tag[0] {
-                tag @ (TAG_WRITE | TAG_WRITE_SIGNALED) => {
-                    let mut h = [0u8; WRITE_HEADER - 1];
-                    if r.read_exact(&mut h).is_err() {
-                        return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
-                    }
-                    let wr_id = u64::from_le_bytes(h[0..8].try_into().expect("8"));
-                    let addr = u64::from_le_bytes(h[8..16].try_into().expect("8"));
-                    let rkey = u32::from_le_bytes(h[16..20].try_into().expect("4"));
-                    let imm = u32::from_le_bytes(h[20..24].try_into().expect("4"));
-                    let len = u32::from_le_bytes(h[24..28].try_into().expect("4")) as usize;
-                    if len > MAX_WRITE {
-                        tracing::warn!(
-                            qp_num = self.qp_num,
-                            len,
-                            "peer sent an impossible write length"
-                        );
-                        return self.fail(0, CompletionKind::Send, WcStatus::Other { vendor: 0 });
-                    }
-                    data.resize(len, 0);
-                    if r.read_exact(&mut data).is_err() {
-                        return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
-                    }
-                    if let Err(status) = self.ctx.deliver(self.qp_num, addr, rkey, imm, &data) {
-                        let mut nak = [0u8; 10];
-                        nak[0] = TAG_NAK;
-                        nak[1..9].copy_from_slice(&wr_id.to_le_bytes());
-                        nak[9] = status_code(status);
-                        // The NAK goes out, then the connection closes.
-                        let _ = self.tx.send(&nak, &[]);
-                        self.tx.close();
-                        return self.mark_dead(
-                            0,
-                            CompletionKind::RecvImm { imm, byte_len: 0 },
-                            status,
-                        );
-                    }
-                    if tag == TAG_WRITE_SIGNALED {
-                        let mut ack = [0u8; 9];
-                        ack[0] = TAG_ACK;
-                        ack[1..9].copy_from_slice(&wr_id.to_le_bytes());
-                        let _ = self.tx.send(&ack, &[]);
-                    }
-                }
-                TAG_ACK => {
-                    let mut h = [0u8; 8];
-                    if r.read_exact(&mut h).is_err() {
-                        return self.fail(0, CompletionKind::Send, WcStatus::RetryExceeded);
-                    }
-                    self.ctx.push(Completion {
-                        wr_id: u64::from_le_bytes(h),
-                        qp_num: self.qp_num,
-                        kind: CompletionKind::Send,
-                        status: WcStatus::Success,
-                    });
-                }
-                TAG_NAK => {
-                    let mut h = [0u8; 9];
-                    let _ = r.read_exact(&mut h);
-                    let wr_id = u64::from_le_bytes(h[0..8].try_into().expect("8"));
-                    return self.fail(wr_id, CompletionKind::Send, status_from(h[8]));
-                }
-                other => {
-                    tracing::warn!(
-                        qp_num = self.qp_num,
-                        tag = other,
-                        "peer sent an unknown message"
-                    );
-                    return self.fail(
-                        0,
-                        CompletionKind::Send,
-                        WcStatus::Other {
-                            vendor: other as u32,
-                        },
-                    );
-                }
-            }
-        }
-    }
 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::fabric::Listener;
-use crate::fabric::conformance::{self as c, RING, pair, wait_one};
+use crate::fabric::conformance::{self as c, RING, pair};
 use std::io::Write;
 use std::thread;
 
@@ -22,7 +22,7 @@ fn check_empty_srq_is_rnr(url: &str) {
     p.cqp
         .post_write_imm(&c::write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 1))
         .unwrap();
-    assert_eq!(wait_one(&p.client).status, WcStatus::RnrRetryExceeded);
+    assert_eq!(p.next(c::End::Client).status, WcStatus::RnrRetryExceeded);
     assert!(t.elapsed() >= Duration::from_millis(100));
 }
 
@@ -37,7 +37,7 @@ fn check_rnr_waits_for_a_receive(url: &str) {
     p.cqp
         .post_write_imm(&c::write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 1))
         .unwrap();
-    assert_eq!(c::next_not_send(&p.server).status, WcStatus::Success);
+    assert_eq!(p.next_not_send(c::End::Server).status, WcStatus::Success);
     poster.join().unwrap();
 }
 
@@ -54,7 +54,7 @@ fn check_rejected_write_consumes_no_receive_and_kills_the_qp(url: &str) {
         signaled: true,
     };
     p.cqp.post_write_imm(&wr).unwrap();
-    assert_eq!(wait_one(&p.client).status, WcStatus::RemoteAccess);
+    assert_eq!(p.next(c::End::Client).status, WcStatus::RemoteAccess);
     assert_eq!(p.server.srq_posted(), 1, "no receive consumed");
     assert!(
         p.cqp.post_write_imm(&wr).is_err(),
@@ -75,6 +75,7 @@ on_both! {
     out_of_bounds_write_is_rejected_and_touches_nothing => |u| c::bad_write_is_rejected(soft_pair(u, DEFAULT_RNR_TIMEOUT), c::past_the_end);
     write_below_the_region_is_rejected => |u| c::bad_write_is_rejected(soft_pair(u, DEFAULT_RNR_TIMEOUT), c::below_the_start);
     connections_share_one_srq => |u| c::connections_share_one_srq(soft_pair(u, DEFAULT_RNR_TIMEOUT), SoftFabric::new());
+    completions_reach_only_their_queue => |u| c::completions_reach_only_their_queue(soft_pair(u, DEFAULT_RNR_TIMEOUT), SoftFabric::new());
     closing_a_queue_pair_is_seen_by_the_peer => |u| c::close_is_seen_by_the_peer(soft_pair(u, DEFAULT_RNR_TIMEOUT));
     rejected_write_consumes_no_receive_and_kills_the_qp => check_rejected_write_consumes_no_receive_and_kills_the_qp;
     empty_srq_behaves_like_rnr => check_empty_srq_is_rnr;
@@ -102,8 +103,9 @@ fn connecting_to_nothing_fails_clearly() {
         max_message: 1024,
         timeout: Duration::from_secs(2),
     };
+    let cq = f.create_cq().unwrap();
     let e = f
-        .connect(&FabricUrl::parse("mem://nobody-here").unwrap(), local())
+        .connect(&FabricUrl::parse("mem://nobody-here").unwrap(), local(), &cq)
         .unwrap_err();
     assert!(e.to_string().contains("no server listens"), "{e}");
     // A port nothing listens on (bind one, drop it).
@@ -116,6 +118,7 @@ fn connecting_to_nothing_fails_clearly() {
         .connect(
             &FabricUrl::parse(&format!("tcp://127.0.0.1:{port}")).unwrap(),
             local(),
+            &cq,
         )
         .unwrap_err();
     assert!(e.to_string().contains("127.0.0.1"), "{e}");
@@ -137,10 +140,12 @@ fn a_peer_that_is_not_rdma_rpc_fails_the_handshake() {
         max_message: 1024,
         timeout: Duration::from_secs(2),
     };
+    let cq = f.create_cq().unwrap();
     let e = f
         .connect(
             &FabricUrl::parse(&format!("tcp://127.0.0.1:{port}")).unwrap(),
             local,
+            &cq,
         )
         .unwrap_err();
     assert!(e.to_string().contains("magic"), "{e}");

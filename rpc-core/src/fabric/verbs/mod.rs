@@ -33,8 +33,8 @@ use ibverbs_sys as ffi;
 use resources::{CompChannel, Context, Cq, Mr, Pd, Qp, Srq, is_full};
 
 use super::{
-    Completion, CompletionKind, Connected, Fabric, FabricError, FabricErrorKind, FabricUrl,
-    Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus, WriteImm,
+    Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError, FabricErrorKind,
+    FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus, WriteImm,
 };
 use crate::bootstrap::{self, Acceptor, Hello, HelloFabric};
 use std::collections::{HashMap, VecDeque};
@@ -369,21 +369,48 @@ impl Drop for LiveQp {
 struct Inner {
     choice: DeviceChoice,
     srq: Arc<Srq>,
-    send_cq: Arc<Cq>,
-    recv_cq: Arc<Cq>,
-    channel: Arc<CompChannel>,
     pd: Arc<Pd>,
     ctx: Arc<Context>,
-    side: Arc<Side>,
     srq_depth: u32,
+    /// CQ entries each completion queue gets.
+    cqe: i32,
+    /// The made-up completion queues of every completion queue created, so
+    /// that async events reach the queue of their queue pair, and a fatal
+    /// one all of them.
+    sides: Mutex<Vec<std::sync::Weak<Side>>>,
+    /// Why the context is unusable, after a fatal async event.
+    fatal: Mutex<Option<String>>,
     /// Receives a failed post left unposted, retried at the next poll.
     srq_deficit: AtomicU32,
-    /// Calls to `poll` (for [`ASYNC_EVERY`]).
-    polls: AtomicU32,
     /// SRQ limit events handled.
     srq_limit_events: AtomicU64,
     /// Receives posted by top-ups after SRQ limit events.
     srq_topped_up: AtomicU64,
+}
+
+/// A completion queue of a [`VerbsFabric`]: a receive CQ and a send CQ
+/// sharing one completion channel, with the queue of completions made up
+/// in software for its queue pairs. One per dispatcher: the queue pairs
+/// created on it report here, and nowhere else.
+#[derive(Clone)]
+pub struct VerbsCq {
+    inner: Arc<CqInner>,
+}
+
+struct CqInner {
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    channel: Arc<CompChannel>,
+    side: Arc<Side>,
+    fabric: VerbsFabric,
+    /// Calls to `poll` (for [`ASYNC_EVERY`]).
+    polls: AtomicU32,
+}
+
+impl std::fmt::Debug for VerbsCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsCq").finish_non_exhaustive()
+    }
 }
 
 /// A verbs device context with its SRQ and CQs; see the module docs.
@@ -487,37 +514,22 @@ impl VerbsFabric {
         let srq_depth = srq_max.min(attr.max_srq_wr.max(16) as u32 - 1);
         let cqe = (srq_depth as i32 * 2).min(attr.max_cqe);
         let pd = Arc::new(Pd::new(ctx.clone())?);
-        let channel = Arc::new(CompChannel::new(ctx.clone())?);
-        set_nonblocking(channel.fd(), "fcntl(comp channel)")?;
         set_nonblocking(ctx.async_fd(), "fcntl(async fd)")?;
-        let recv_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
-        let send_cq = Arc::new(Cq::new(&ctx, cqe, channel.clone())?);
         let srq = Arc::new(Srq::new(pd.clone(), srq_depth)?);
         srq.fill()?;
         srq.arm_limit(srq.capacity / SRQ_LIMIT_FRACTION)?;
-        // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
-        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if wake_fd < 0 {
-            return Err(FabricError::io("eventfd", std::io::Error::last_os_error()));
-        }
-        let side = Arc::new(Side {
-            state: Mutex::new(SideState::default()),
-            wake_fd,
-        });
         tracing::debug!(device = %choice.device, port = choice.port, gid_index = choice.gid_index, "opened RDMA device");
         Ok(VerbsFabric {
             inner: Arc::new(Inner {
                 choice,
                 srq,
-                send_cq,
-                recv_cq,
-                channel,
                 pd,
                 ctx,
-                side,
                 srq_depth,
+                cqe,
+                sides: Mutex::new(Vec::new()),
+                fatal: Mutex::new(None),
                 srq_deficit: 0.into(),
-                polls: 0.into(),
                 srq_limit_events: 0.into(),
                 srq_topped_up: 0.into(),
             }),
@@ -623,17 +635,20 @@ impl VerbsFabric {
                     // waits for that), so its number is still its own.
                     let qp_num = unsafe { (*ev.element.qp).qp_num };
                     tracing::warn!(qp_num, event = ev.event_type, "queue pair error event");
-                    self.inner.side.push_if_live(
-                        None,
-                        Completion {
-                            wr_id: 0,
-                            qp_num,
-                            kind: CompletionKind::Send,
-                            status: WcStatus::DeviceError {
-                                event: ev.event_type,
-                            },
+                    let c = Completion {
+                        wr_id: 0,
+                        qp_num,
+                        kind: CompletionKind::Send,
+                        status: WcStatus::DeviceError {
+                            event: ev.event_type,
                         },
-                    );
+                    };
+                    // To the completion queue the queue pair reports to.
+                    for side in self.sides() {
+                        if side.push_if_live(None, c) {
+                            break;
+                        }
+                    }
                 }
                 ffi::IBV_EVENT_SRQ_LIMIT_REACHED => {
                     self.inner.srq_limit_events.fetch_add(1, Ordering::AcqRel);
@@ -645,10 +660,7 @@ impl VerbsFabric {
                         ffi::IBV_EVENT_CQ_ERR => "completion queue error",
                         _ => "shared receive queue error",
                     };
-                    let failed = self
-                        .inner
-                        .side
-                        .fail_all(format!("RDMA {what} on {device}"), ev.event_type);
+                    let failed = self.fail_all(format!("RDMA {what} on {device}"), ev.event_type);
                     tracing::error!(%device, event = ev.event_type, failed, "RDMA {what}: failing every connection");
                 }
                 ffi::IBV_EVENT_PORT_ERR => {
@@ -659,6 +671,28 @@ impl VerbsFabric {
             // SAFETY: acknowledging the event we got.
             unsafe { ffi::ibv_ack_async_event(&mut ev) };
         }
+    }
+
+    /// The made-up completion queues of the completion queues still alive.
+    fn sides(&self) -> Vec<Arc<Side>> {
+        let mut sides = self.inner.sides.lock().unwrap_or_else(|e| e.into_inner());
+        sides.retain(|s| s.strong_count() > 0);
+        sides.iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    /// Marks the context unusable and fails every live queue pair of every
+    /// completion queue; returns how many.
+    fn fail_all(&self, why: String, event: u32) -> usize {
+        {
+            let mut fatal = self.inner.fatal.lock().unwrap_or_else(|e| e.into_inner());
+            if fatal.is_none() {
+                *fatal = Some(why.clone());
+            }
+        }
+        self.sides()
+            .iter()
+            .map(|side| side.fail_all(why.clone(), event))
+            .sum()
     }
 
     /// After an SRQ limit event: posts receives until the SRQ is full, then
@@ -705,19 +739,24 @@ impl VerbsFabric {
         }
     }
 
-    /// Creates a queue pair in INIT, registered as live (see [`SideState`]).
-    fn new_qp(&self) -> Result<LiveQp, FabricError> {
+    /// Creates a queue pair in INIT on `cq`, registered as live there (see
+    /// [`SideState`]).
+    fn new_qp(&self, cq: &VerbsCq) -> Result<LiveQp, FabricError> {
         let i = &self.inner;
+        let c = &cq.inner;
+        if let Some(why) = &*i.fatal.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(FabricError::unreachable("ibv_create_qp", why.clone()));
+        }
         let mut attempts = 0;
         let qp = loop {
             let qp = Qp::new(
                 i.pd.clone(),
-                i.send_cq.clone(),
-                i.recv_cq.clone(),
+                c.send_cq.clone(),
+                c.recv_cq.clone(),
                 i.srq.clone(),
                 SQ_DEPTH,
             )?;
-            let mut st = i.side.lock();
+            let mut st = c.side.lock();
             if let Some(why) = &st.fatal {
                 return Err(FabricError::unreachable("ibv_create_qp", why.clone()));
             }
@@ -741,7 +780,7 @@ impl VerbsFabric {
             break LiveQp {
                 qp,
                 incarnation,
-                side: i.side.clone(),
+                side: c.side.clone(),
             };
         };
         // SAFETY: plain old data; zero is valid.
@@ -816,6 +855,7 @@ impl VerbsFabric {
         peer: Hello,
         pending: Option<Hello>,
     ) -> Result<Connected<VerbsQp>, FabricError> {
+        let side = qp.side.clone();
         stream
             .set_read_timeout(None)
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
@@ -828,7 +868,7 @@ impl VerbsFabric {
             stream: stream
                 .try_clone()
                 .map_err(|e| FabricError::io("clone socket", e))?,
-            side: self.inner.side.clone(),
+            side,
             qp_num: qp.qp_num(),
             incarnation: qp.incarnation,
         };
@@ -1129,49 +1169,7 @@ impl Drop for VerbsQp {
     }
 }
 
-/// Accepts `rdma://` connections (the handshake's TCP port).
-#[derive(Debug)]
-pub struct VerbsListener {
-    acceptor: Acceptor,
-}
-
-impl Listener<VerbsFabric> for VerbsListener {
-    fn next(&self) -> Result<Option<TcpStream>, FabricError> {
-        self.acceptor.next()
-    }
-    fn local_url(&self) -> String {
-        self.acceptor.local_url("rdma")
-    }
-    fn close(&self) {
-        self.acceptor.close();
-    }
-}
-
-impl Fabric for VerbsFabric {
-    type Region = VerbsRegion;
-    type Qp = VerbsQp;
-    type Listener = VerbsListener;
-    type Incoming = TcpStream;
-
-    fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
-        Ok(VerbsRegion {
-            mr: Arc::new(Mr::new(self.inner.pd.clone(), len, remote_write)?),
-        })
-    }
-
-    /// Does nothing: this fabric keeps its SRQ full by itself. It fills the
-    /// SRQ to capacity when opened, posts one receive for every receive
-    /// completion it polls, and tops the SRQ up to capacity when the device
-    /// raises the SRQ limit event (a quarter left), which covers receives
-    /// whose completions are never polled. The dispatcher provisions for the
-    /// worst case of every connection at once, more than a device SRQ holds;
-    /// a burst beyond capacity is covered by RNR retries (`rnr_retry = 7`
-    /// retries without limit), which delay a sender while receives are
-    /// reposted, never fail it.
-    fn post_recv(&self, _count: u32) -> Result<(), FabricError> {
-        Ok(())
-    }
-
+impl CompletionQueue for VerbsCq {
     /// Receive and send completions first, then made-up ones, which only
     /// come once the CQs are drained: a made-up failure (the peer closed
     /// its liveness connection) must not overtake the writes that peer
@@ -1180,20 +1178,22 @@ impl Fabric for VerbsFabric {
     /// qp numbers are kept from new queue pairs (see [`SideState`]). The
     /// dispatcher's single poller does exactly that.
     fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
-        let i = &self.inner;
-        if i.polls.fetch_add(1, Ordering::Relaxed) % ASYNC_EVERY == ASYNC_EVERY - 1 {
+        let c = &self.inner;
+        let fabric = &c.fabric;
+        let i = &fabric.inner;
+        if c.polls.fetch_add(1, Ordering::Relaxed) % ASYNC_EVERY == ASYNC_EVERY - 1 {
             // A busy poller never blocks on the async fd: look now and then.
-            self.drain_async();
+            fabric.drain_async();
         }
         let start = out.len();
         let parked;
         {
             // Held while polling the CQs too, so that `new_qp` sees every
             // number this batch hands out.
-            let mut st = i.side.lock();
+            let mut st = c.side.lock();
             st.handed_out.clear();
             parked = std::mem::take(&mut st.parked);
-            let got = self.poll_cq(&i.recv_cq, true, &st.live, out, max);
+            let got = fabric.poll_cq(&c.recv_cq, true, &st.live, out, max);
             // Every receive completion used up one posted receive: replace
             // it, with any a failed post left owing. "Full" means a top-up
             // got there first: nothing is owed then.
@@ -1209,7 +1209,7 @@ impl Fabric for VerbsFabric {
             let mut drained = got < max.min(WC_BATCH);
             let room = max - (out.len() - start);
             if room > 0 {
-                let sent = self.poll_cq(&i.send_cq, false, &st.live, out, room);
+                let sent = fabric.poll_cq(&c.send_cq, false, &st.live, out, room);
                 drained &= sent < room.min(WC_BATCH);
             }
             while drained && out.len() - start < max {
@@ -1232,20 +1232,21 @@ impl Fabric for VerbsFabric {
     /// sleeps, bounded by its timeout, rather than spin; async events
     /// report the error.
     fn arm(&self) {
-        let i = &self.inner;
-        if let Err(e) = i.recv_cq.arm().and_then(|()| i.send_cq.arm()) {
+        let c = &self.inner;
+        if let Err(e) = c.recv_cq.arm().and_then(|()| c.send_cq.arm()) {
             tracing::error!(error = %e, "cannot arm a completion queue");
         }
     }
 
     fn wait(&self, timeout: Option<Duration>) {
-        let i = &self.inner;
-        if !i.side.lock().queue.is_empty() {
+        let c = &self.inner;
+        let i = &c.fabric.inner;
+        if !c.side.lock().queue.is_empty() {
             return;
         }
         let mut fds = [
             libc::pollfd {
-                fd: i.channel.fd(),
+                fd: c.channel.fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -1255,7 +1256,7 @@ impl Fabric for VerbsFabric {
                 revents: 0,
             },
             libc::pollfd {
-                fd: i.side.wake_fd,
+                fd: c.side.wake_fd,
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -1271,7 +1272,7 @@ impl Fabric for VerbsFabric {
                 let mut cq = std::ptr::null_mut();
                 let mut ctx = std::ptr::null_mut();
                 // SAFETY: the channel is alive and non-blocking; out-pointers are valid.
-                if unsafe { ffi::ibv_get_cq_event(i.channel.ptr.as_ptr(), &mut cq, &mut ctx) } != 0
+                if unsafe { ffi::ibv_get_cq_event(c.channel.ptr.as_ptr(), &mut cq, &mut ctx) } != 0
                 {
                     break;
                 }
@@ -1280,17 +1281,96 @@ impl Fabric for VerbsFabric {
             }
         }
         if fds[1].revents != 0 {
-            self.drain_async();
+            c.fabric.drain_async();
         }
         if fds[2].revents != 0 {
             let mut v: u64 = 0;
             // SAFETY: reading 8 bytes into a valid u64 from our eventfd.
-            unsafe { libc::read(i.side.wake_fd, (&mut v as *mut u64).cast(), 8) };
+            unsafe { libc::read(c.side.wake_fd, (&mut v as *mut u64).cast(), 8) };
         }
     }
 
     fn interrupt(&self) {
         self.inner.side.wake();
+    }
+}
+
+/// Accepts `rdma://` connections (the handshake's TCP port).
+#[derive(Debug)]
+pub struct VerbsListener {
+    acceptor: Acceptor,
+}
+
+impl Listener<VerbsFabric> for VerbsListener {
+    fn next(&self) -> Result<Option<TcpStream>, FabricError> {
+        self.acceptor.next()
+    }
+    fn local_url(&self) -> String {
+        self.acceptor.local_url("rdma")
+    }
+    fn close(&self) {
+        self.acceptor.close();
+    }
+}
+
+impl Fabric for VerbsFabric {
+    type Region = VerbsRegion;
+    type Qp = VerbsQp;
+    type Cq = VerbsCq;
+    type Listener = VerbsListener;
+    type Incoming = TcpStream;
+
+    fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
+        Ok(VerbsRegion {
+            mr: Arc::new(Mr::new(self.inner.pd.clone(), len, remote_write)?),
+        })
+    }
+
+    /// Does nothing: this fabric keeps its SRQ full by itself. It fills the
+    /// SRQ to capacity when opened, posts one receive for every receive
+    /// completion it polls, and tops the SRQ up to capacity when the device
+    /// raises the SRQ limit event (a quarter left), which covers receives
+    /// whose completions are never polled. The dispatcher provisions for the
+    /// worst case of every connection at once, more than a device SRQ holds;
+    /// a burst beyond capacity is covered by RNR retries (`rnr_retry = 7`
+    /// retries without limit), which delay a sender while receives are
+    /// reposted, never fail it.
+    fn post_recv(&self, _count: u32) -> Result<(), FabricError> {
+        Ok(())
+    }
+
+    fn create_cq(&self) -> Result<VerbsCq, FabricError> {
+        let i = &self.inner;
+        let channel = Arc::new(CompChannel::new(i.ctx.clone())?);
+        set_nonblocking(channel.fd(), "fcntl(comp channel)")?;
+        let recv_cq = Arc::new(Cq::new(&i.ctx, i.cqe, channel.clone())?);
+        let send_cq = Arc::new(Cq::new(&i.ctx, i.cqe, channel.clone())?);
+        // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake_fd < 0 {
+            return Err(FabricError::io("eventfd", std::io::Error::last_os_error()));
+        }
+        let side = Arc::new(Side {
+            state: Mutex::new(SideState::default()),
+            wake_fd,
+        });
+        if let Some(why) = &*i.fatal.lock().unwrap_or_else(|e| e.into_inner()) {
+            side.lock().fatal = Some(why.clone());
+        }
+        i.sides
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&side));
+        Ok(VerbsCq {
+            inner: Arc::new(CqInner {
+                send_cq,
+                recv_cq,
+                channel,
+                side,
+                fabric: self.clone(),
+                polls: 0.into(),
+            }),
+        })
     }
 
     fn listen(&self, url: &FabricUrl) -> Result<VerbsListener, FabricError> {
@@ -1303,6 +1383,7 @@ impl Fabric for VerbsFabric {
         &self,
         url: &FabricUrl,
         local: LocalSetup<'_, VerbsRegion>,
+        cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
         let mut stream = bootstrap::dial(url, local.timeout)?;
         stream
@@ -1311,7 +1392,7 @@ impl Fabric for VerbsFabric {
         stream
             .set_read_timeout(Some(local.timeout))
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
-        let qp = self.new_qp()?;
+        let qp = self.new_qp(cq)?;
         let psn = random_psn();
         bootstrap::send(&mut stream, &self.hello(&qp.qp, psn, &local))?;
         let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
@@ -1323,6 +1404,7 @@ impl Fabric for VerbsFabric {
         &self,
         mut stream: TcpStream,
         local: LocalSetup<'_, VerbsRegion>,
+        cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
         stream
             .set_nodelay(true)
@@ -1331,7 +1413,7 @@ impl Fabric for VerbsFabric {
             .set_read_timeout(Some(local.timeout))
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
         let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
-        let qp = self.new_qp()?;
+        let qp = self.new_qp(cq)?;
         let psn = random_psn();
         self.connect_qp(&qp.qp, psn, &peer)?;
         let hello = self.hello(&qp.qp, psn, &local);
