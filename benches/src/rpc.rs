@@ -56,9 +56,8 @@ pub fn serve(
     inline_handlers: bool,
     spin: Option<Duration>,
 ) -> Result<ServerHandle, String> {
-    let mut builder = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .inline_handlers(inline_handlers);
+    let _ = inline_handlers; // handlers run on the dispatchers by default now
+    let mut builder = Server::builder().add_service(EchoServer::new(EchoService));
     if let Some(spin) = spin {
         builder = builder.spin(spin);
     }

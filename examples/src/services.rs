@@ -52,7 +52,7 @@ fn check_key(key: &str) -> Result<(), Status> {
 }
 
 impl Kv for KvStore {
-    fn put(&self, request: Request<PutRequest>) -> Result<Response<PutReply>, Status> {
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutReply>, Status> {
         let PutRequest { key, value } = request.into_inner();
         check_key(&key)?;
         let replaced = self
@@ -64,7 +64,7 @@ impl Kv for KvStore {
         Ok(Response::new(PutReply { replaced }))
     }
 
-    fn get(&self, request: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
         let key = &request.get_ref().key;
         check_key(key)?;
         let value = self
@@ -76,7 +76,10 @@ impl Kv for KvStore {
         Ok(Response::new(GetReply { value }))
     }
 
-    fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteReply>, Status> {
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteReply>, Status> {
         let key = &request.get_ref().key;
         check_key(key)?;
         let existed = self
@@ -88,7 +91,7 @@ impl Kv for KvStore {
         Ok(Response::new(DeleteReply { existed }))
     }
 
-    fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanReply>, Status> {
+    async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanReply>, Status> {
         let ScanRequest { prefix, limit } = request.into_inner();
         let limit = if limit == 0 {
             DEFAULT_SCAN_LIMIT
@@ -117,7 +120,7 @@ impl Kv for KvStore {
 pub struct EchoService;
 
 impl Echo for EchoService {
-    fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         let metadata = request.metadata().clone();
         let payload = request.into_inner().payload;
         Ok(Response::from_parts(metadata, EchoReply { payload }))

@@ -46,11 +46,10 @@ fn request(payload: &[u8]) -> EchoRequest {
     }
 }
 
-/// Allocations per call, client and server together, over `calls` calls.
-fn per_call(url: &str, inline: bool, calls: u64) -> f64 {
+/// Allocations per call, client and server together, over `calls` calls,
+/// with default settings: the handler runs to completion on the dispatcher.
+fn per_call(url: &str, calls: u64) -> f64 {
     let server = Server::builder()
-        .inline_handlers(inline)
-        .workers(1)
         .add_service(EchoServer::new(EchoService))
         .serve(url)
         .unwrap();
@@ -99,40 +98,33 @@ fn messages_alone(calls: u64) -> f64 {
 
 /// The framework's own allocations per call must round to zero: whatever
 /// a call allocates beyond its messages is a leak into the hot path.
-fn check(url: &str, inline: bool, calls: u64) {
+fn check(url: &str, calls: u64) {
     // The count is global: measure one configuration at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let floor = messages_alone(calls);
-    let total = per_call(url, inline, calls);
-    eprintln!(
-        "{url} inline={inline}: {total:.2} allocations per call, {floor:.2} of them the messages'"
-    );
+    let total = per_call(url, calls);
+    eprintln!("{url}: {total:.2} allocations per call, {floor:.2} of them the messages'");
     // Rare, amortised allocations (a channel's block of slots) stay below 0.1.
     assert!(
         total < floor + 0.1,
-        "{url} (inline handlers: {inline}): {total:.2} allocations per call, of which only {floor:.2} are the messages'"
+        "{url}: {total:.2} allocations per call, of which only {floor:.2} are the messages'"
     );
 }
 
 #[test]
-fn mem_inline_handlers_allocate_only_messages() {
-    check("mem://allocations.inline", true, 5000);
-}
-
-#[test]
-fn mem_worker_pool_allocates_only_messages() {
-    check("mem://allocations.workers", false, 5000);
+fn mem_allocates_only_messages() {
+    check("mem://allocations", 5000);
 }
 
 #[test]
 fn tcp_allocates_only_messages() {
-    check("tcp://127.0.0.1:0", true, 5000);
+    check("tcp://127.0.0.1:0", 5000);
 }
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn rdma_allocates_only_messages() {
     let url = std::env::var("RPC_TEST_RDMA_URL").unwrap_or_else(|_| "rdma://127.0.0.1:0".into());
-    check(&url, true, 1000);
+    check(&url, 1000);
 }

@@ -251,13 +251,19 @@ struct MemoryKv {
 }
 
 impl kv::kv_server::Kv for MemoryKv {
-    fn put(&self, request: Request<kv::PutRequest>) -> Result<Response<kv::PutReply>, Status> {
+    async fn put(
+        &self,
+        request: Request<kv::PutRequest>,
+    ) -> Result<Response<kv::PutReply>, Status> {
         let kv::PutRequest { key, value } = request.into_inner();
         let replaced = self.entries.lock().unwrap().insert(key, value).is_some();
         Ok(Response::new(kv::PutReply { replaced }))
     }
 
-    fn get(&self, request: Request<kv::GetRequest>) -> Result<Response<kv::GetReply>, Status> {
+    async fn get(
+        &self,
+        request: Request<kv::GetRequest>,
+    ) -> Result<Response<kv::GetReply>, Status> {
         let value = self
             .entries
             .lock()
@@ -267,7 +273,7 @@ impl kv::kv_server::Kv for MemoryKv {
         Ok(Response::new(kv::GetReply { value }))
     }
 
-    fn delete(
+    async fn delete(
         &self,
         request: Request<kv::DeleteRequest>,
     ) -> Result<Response<kv::DeleteReply>, Status> {
@@ -280,7 +286,7 @@ impl kv::kv_server::Kv for MemoryKv {
         Ok(Response::new(kv::DeleteReply { existed }))
     }
 
-    fn scan(&self, _: Request<kv::ScanRequest>) -> Result<Response<kv::ScanReply>, Status> {
+    async fn scan(&self, _: Request<kv::ScanRequest>) -> Result<Response<kv::ScanReply>, Status> {
         Err(Status::new(Code::Unimplemented, "scan"))
     }
 }
@@ -291,20 +297,19 @@ fn server_trait_is_implementable_and_wrappable() {
 
     let store = MemoryKv::default();
     let put = |key: &str| {
-        store
-            .put(Request::new(kv::PutRequest {
-                key: key.into(),
-                value: b"v".to_vec(),
-            }))
-            .unwrap()
-            .into_inner()
-            .replaced
+        futures::executor::block_on(store.put(Request::new(kv::PutRequest {
+            key: key.into(),
+            value: b"v".to_vec(),
+        })))
+        .unwrap()
+        .into_inner()
+        .replaced
     };
     assert!(!put("a"));
     assert!(put("a"));
-    let reply = store
-        .get(Request::new(kv::GetRequest { key: "a".into() }))
-        .unwrap();
+    let reply =
+        futures::executor::block_on(store.get(Request::new(kv::GetRequest { key: "a".into() })))
+            .unwrap();
     assert_eq!(reply.into_inner().value.as_deref(), Some(&b"v"[..]));
 
     let server = KvServer::new(store);
@@ -334,40 +339,40 @@ fn echo_token(request: Request<Token>) -> Result<Response<Token>, Status> {
 }
 
 impl v1::keywords_server::Keywords for Echoes {
-    fn r#type(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn r#type(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn r#match(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn r#match(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn r#async(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn r#async(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn self_(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn self_(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn connect(&self, _: Request<Token>) -> Result<Response<Ack>, Status> {
+    async fn connect(&self, _: Request<Token>) -> Result<Response<Ack>, Status> {
         Ok(Response::new(Ack {
             ok: true,
             reason: String::new(),
         }))
     }
-    fn new(&self, _: Request<Token>) -> Result<Response<Ack>, Status> {
+    async fn new(&self, _: Request<Token>) -> Result<Response<Ack>, Status> {
         Ok(Response::new(Ack::default()))
     }
-    fn clone(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn clone(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn from_bytes(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn from_bytes(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn into_parts(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn into_parts(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn to_token_mut(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn to_token_mut(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
-    fn cmp(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn cmp(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
 }
@@ -376,7 +381,7 @@ impl v1::keywords_server::Keywords for Echoes {
 struct Myself;
 
 impl v1::self_server::Self_ for Myself {
-    fn call(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn call(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
 }
@@ -385,7 +390,7 @@ impl v1::self_server::Self_ for Myself {
 struct Puller;
 
 impl v1::sync_server::Sync for Puller {
-    fn pull(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn pull(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
 }
@@ -394,7 +399,7 @@ impl v1::sync_server::Sync for Puller {
 struct Tee;
 
 impl v1::t_server::T for Tee {
-    fn get(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
+    async fn get(&self, request: Request<Token>) -> Result<Response<Token>, Status> {
         echo_token(request)
     }
 }
@@ -410,15 +415,19 @@ fn keyword_named_services_are_implementable_and_served_as_dyn_service() {
 
     let token = || Token { text: "t".into() };
     assert_eq!(
-        Echoes.r#type(Request::new(token())).unwrap().into_inner(),
+        futures::executor::block_on(Echoes.r#type(Request::new(token())))
+            .unwrap()
+            .into_inner(),
         token()
     );
     assert_eq!(
-        Echoes.self_(Request::new(token())).unwrap().into_inner(),
+        futures::executor::block_on(Echoes.self_(Request::new(token())))
+            .unwrap()
+            .into_inner(),
         token()
     );
     assert!(
-        Keywords::connect(&Echoes, Request::new(token()))
+        futures::executor::block_on(Keywords::connect(&Echoes, Request::new(token())))
             .unwrap()
             .get_ref()
             .ok

@@ -15,10 +15,10 @@ use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::DESCRIPTOR as ECHO;
 use examples::echo::{EchoReply, EchoRequest};
 use rpc_core::codegen::prost::Message;
-use rpc_core::fabric::soft::{SoftFabric, SoftQp, SoftRegion};
+use rpc_core::fabric::soft::{SoftCq, SoftFabric, SoftQp, SoftRegion};
 use rpc_core::fabric::{
-    Completion, CompletionKind, Fabric, FabricError, FabricUrl, LocalSetup, PeerRing, QueuePair,
-    Region, WcStatus, WriteImm,
+    Completion, CompletionKind, CompletionQueue, Fabric, FabricError, FabricUrl, LocalSetup,
+    PeerRing, QueuePair, Region, WcStatus, WriteImm,
 };
 use rpc_core::protocol::{ALIGN, CallId, Doorbell, FrameKind, HEADER_LEN, Header, align_up};
 use rpc_core::{Code, ServerHandle};
@@ -30,6 +30,7 @@ const RAW_RING: usize = 65536;
 /// A hand-driven connection to a server.
 struct Raw {
     fabric: SoftFabric,
+    cq: SoftCq,
     ring: SoftRegion,
     staging: SoftRegion,
     qp: SoftQp,
@@ -59,10 +60,12 @@ impl Raw {
             max_message: (RAW_RING / 2 - HEADER_LEN) as u32,
             timeout: LIMIT,
         };
+        let cq = fabric.create_cq().unwrap();
         let connected = fabric
-            .connect(&url, local)
+            .connect(&url, local, &cq)
             .unwrap_or_else(|e| panic!("raw connect to {url}: {e}"));
         Raw {
+            cq,
             peer: connected.peer,
             qp: connected.qp,
             fabric,
@@ -122,12 +125,12 @@ impl Raw {
         let deadline = Instant::now() + LIMIT;
         let mut out = Vec::new();
         loop {
-            if self.fabric.poll(&mut out, 1) == 1 {
+            if self.cq.poll(&mut out, 1) == 1 {
                 return out[0];
             }
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(!left.is_zero(), "no completion within {LIMIT:?}");
-            self.fabric.wait(Some(left.min(Duration::from_millis(100))));
+            self.cq.wait(Some(left.min(Duration::from_millis(100))));
         }
     }
 
@@ -247,7 +250,7 @@ fn echo_frame(raw: &mut Raw) -> Vec<u8> {
 /// already completed one call (so the server's first frame is behind it).
 fn setup(url: &str) -> (ServerHandle, EchoClient, Raw) {
     let probe = Probe::new();
-    let server = serve(test_server(&probe).workers(2), url);
+    let server = serve(test_server(&probe).blocking_threads(2), url);
     let good = EchoClient::new(channel(server.local_url()));
     check(&good);
     let mut raw = Raw::connect(server.local_url());

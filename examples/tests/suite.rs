@@ -200,7 +200,7 @@ fn check_reply(tag: &str, payload: &[u8], response: Result<Response<EchoReply>, 
 on_every_fabric! {
     fn concurrent_calls_each_get_their_own_reply(url: &str) {
         let probe = Probe::new();
-        let server = serve(test_server(&probe).workers(3), url);
+        let server = serve(test_server(&probe).blocking_threads(3), url);
         let ch = channel(server.local_url());
 
         // Blocking calls from several threads sharing one channel, with a few
@@ -397,7 +397,7 @@ on_every_fabric! {
         // flight per thread.
         let ring = 4096;
         let probe = Probe::new();
-        let server = serve(test_server(&probe).ring_size(ring).workers(2), url);
+        let server = serve(test_server(&probe).ring_size(ring).blocking_threads(2), url);
         let ch = Channel::builder(server.local_url())
             .ring_size(ring)
             .timeout(LIMIT)
@@ -449,7 +449,7 @@ on_every_fabric! {
         let ring = 4096;
         let frames = [1984, 128, 2048, 100, 2000, 1000, 640, 2048, 64, 1990, 2048, 300];
         let probe = Probe::new();
-        let server = serve(test_server(&probe).ring_size(ring).workers(frames.len()), url);
+        let server = serve(test_server(&probe).ring_size(ring).blocking_threads(frames.len()), url);
         let echo = EchoClient::new(channel(server.local_url()));
         let calls: Vec<_> = frames
             .iter()
@@ -478,7 +478,7 @@ on_every_fabric! {
 on_every_fabric! {
     fn many_clients_share_one_server(url: &str) {
         let probe = Probe::new();
-        let server = serve(test_server(&probe).workers(2), url);
+        let server = serve(test_server(&probe).blocking_threads(2), url);
         let local = server.local_url().to_owned();
         std::thread::scope(|s| {
             for c in 0..12u64 {
@@ -559,7 +559,7 @@ on_every_fabric! {
         // Handlers run on the poller, so a blocked handler stops the server
         // from consuming its ring: later requests fill it, then queue.
         let probe = Probe::new();
-        let server = serve(test_server(&probe).inline_handlers(true).ring_size(4096), url);
+        let server = serve(test_server_with(&probe, true).ring_size(4096), url);
         let ch = channel(server.local_url());
         let echo = EchoClient::new(ch.clone());
 
@@ -617,7 +617,7 @@ on_every_fabric! {
     fn deadlines_expire_and_late_replies_are_dropped(url: &str) {
         // One worker: calls are handled, and answered, one after the other.
         let probe = Probe::new();
-        let server = serve(test_server(&probe).workers(1), url);
+        let server = serve(test_server(&probe).blocking_threads(1), url);
         let ch = channel(server.local_url());
         let echo = EchoClient::new(ch.clone());
 
@@ -680,7 +680,7 @@ on_every_fabric! {
 on_every_fabric! {
     fn shutdown_finishes_running_calls_and_refuses_new_ones(url: &str) {
         let probe = Probe::new();
-        let server = serve(test_server(&probe).workers(4), url);
+        let server = serve(test_server(&probe).blocking_threads(4), url);
         let ch = channel(server.local_url());
         let echo = EchoClient::new(ch.clone());
         let running: Vec<_> = (0..3)
@@ -737,7 +737,7 @@ on_every_fabric! {
 on_every_fabric! {
     fn shutdown_grace_period_is_bounded(url: &str) {
         let probe = Probe::new();
-        let server = serve(test_server(&probe).workers(2), url);
+        let server = serve(test_server(&probe).blocking_threads(2), url);
         let echo = EchoClient::new(channel(server.local_url()));
         let stuck = echo.echo(echo_request("stuck", Vec::new(), &[("block", "")]));
         probe.wait_entered("stuck");
@@ -754,7 +754,7 @@ on_every_fabric! {
     fn panicking_handler_is_internal_and_server_keeps_serving(url: &str) {
         for inline in [false, true] {
             let probe = Probe::new();
-            let server = serve(test_server(&probe).inline_handlers(inline), url);
+            let server = serve(test_server_with(&probe, inline), url);
             let echo = EchoClient::new(channel(server.local_url()));
             for i in 0..3 {
                 let e = expect_code(
@@ -778,7 +778,7 @@ on_every_fabric! {
 on_every_fabric! {
     fn client_gone_mid_call_leaves_the_server_serving(url: &str) {
         let probe = Probe::new();
-        let server = serve(test_server(&probe).workers(2), url);
+        let server = serve(test_server(&probe).blocking_threads(2), url);
         let other = EchoClient::new(channel(server.local_url()));
 
         let leaving = channel(server.local_url());
@@ -827,7 +827,7 @@ on_every_fabric! {
         // provisioned for everything the ring admits, so that the stuck
         // poller only delays the pipeline, however long it is stuck.
         let probe = Probe::new();
-        let server = serve(test_server(&probe).inline_handlers(true), url);
+        let server = serve(test_server_with(&probe, true), url);
         let echo = EchoClient::new(channel(server.local_url()));
         let first = echo.echo(echo_request("blocker", Vec::new(), &[("block", "")]));
         probe.wait_entered("blocker");

@@ -157,7 +157,14 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
     }
     let _ = writeln!(
         buf,
-        "pub trait {service_trait}: ::core::marker::Send + ::core::marker::Sync + 'static {{"
+        "///
+        /// Implement the methods as `async fn`. Each call runs to completion on
+        /// the server's dispatcher thread that received it: awaiting (a timer,
+        /// another call, I/O) parks the handler and lets the dispatcher go on,
+        /// but blocking the thread holds up every connection of that dispatcher.
+        /// Run blocking or CPU-heavy work with `rpc_core::blocking`, or serve the
+        /// service with `ServerBuilder::add_blocking_service`.
+        pub trait {service_trait}: ::core::marker::Send + ::core::marker::Sync + 'static {{"
     );
     for method in &service.methods {
         if has_docs(&method.comments) {
@@ -173,7 +180,7 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
         let _ = writeln!(
             buf,
             "fn {name}(&self, request: {RT}::Request<{input}>)
-                -> ::core::result::Result<{RT}::Response<{output}>, {RT}::Status>;",
+                -> impl ::core::future::Future<Output = ::core::result::Result<{RT}::Response<{output}>, {RT}::Status>> + ::core::marker::Send;",
             name = method.name,
             input = nested_type(&method.input_type),
             output = nested_type(&method.output_type),
@@ -248,7 +255,10 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
             // rpc named like an `Arc` method (`Clone`) still resolves.
             let _ = writeln!(
                 buf,
-                "{} => call.unary(|request| {param}::{}(&self.inner, request)),",
+                "{} => {{
+                    let inner = ::std::sync::Arc::clone(&self.inner);
+                    call.unary_async(move |request| async move {{ {param}::{}(&inner, request).await }})
+                }}",
                 id_literal(id),
                 method.name,
             );

@@ -189,8 +189,20 @@ impl ServerCall {
             Err(panic) => return self.reply_panic(&*panic),
         };
         let task = async move {
-            let result = future.await;
-            self.reply(result);
+            // Panics are caught here, around the handler's future, so that
+            // the call is still ours to answer with the panic's message.
+            let mut future = std::pin::pin!(future);
+            let result = std::future::poll_fn(|cx| {
+                match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+                    Ok(poll) => poll.map(Ok),
+                    Err(panic) => std::task::Poll::Ready(Err(panic)),
+                }
+            })
+            .await;
+            match result {
+                Ok(result) => self.reply(result),
+                Err(panic) => self.reply_panic(&*panic),
+            }
         };
         match Executor::current() {
             Some(exec) => exec.spawn(task),

@@ -290,7 +290,7 @@ pub struct TestEcho {
 }
 
 impl Echo for TestEcho {
-    fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         let md = request.metadata();
         let tag = md.get("tag").unwrap_or_default().to_owned();
         self.probe.update(|s| s.entered.push(tag.clone()));
@@ -341,14 +341,26 @@ impl<S: Service> Service for Tracked<S> {
 /// A server builder hosting [`TestEcho`] (tracked by `probe`) and a fresh
 /// [`KvStore`], ready for more settings.
 pub fn test_server(probe: &Arc<Probe>) -> ServerBuilder {
-    Server::builder()
-        .add_service(Tracked {
-            inner: EchoServer::new(TestEcho {
-                probe: probe.clone(),
-            }),
+    test_server_with(probe, false)
+}
+
+/// [`test_server`], with the test service's handlers on the dispatchers
+/// (`inline`: a handler that blocks then holds up its dispatcher, as a
+/// misbehaving handler would) or on the blocking pool.
+pub fn test_server_with(probe: &Arc<Probe>, inline: bool) -> ServerBuilder {
+    let echo = Tracked {
+        inner: EchoServer::new(TestEcho {
             probe: probe.clone(),
-        })
-        .add_service(KvServer::new(KvStore::new()))
+        }),
+        probe: probe.clone(),
+    };
+    let builder = Server::builder();
+    let builder = if inline {
+        builder.add_service(echo)
+    } else {
+        builder.add_blocking_service(echo)
+    };
+    builder.add_service(KvServer::new(KvStore::new()))
 }
 
 /// Sends the library's warnings and errors to the test's captured output,

@@ -55,15 +55,24 @@ pub mod echo_client {
 /// Generated server for `echo.Echo`.
 pub mod echo_server {
     /// Returns what it receives.
+    ///
+    /// Implement the methods as `async fn`. Each call runs to completion on
+    /// the server's dispatcher thread that received it: awaiting (a timer,
+    /// another call, I/O) parks the handler and lets the dispatcher go on,
+    /// but blocking the thread holds up every connection of that dispatcher.
+    /// Run blocking or CPU-heavy work with `rpc_core::blocking`, or serve the
+    /// service with `ServerBuilder::add_blocking_service`.
     pub trait Echo: ::core::marker::Send + ::core::marker::Sync + 'static {
         /// Returns the request's payload unchanged, and its metadata.
         fn echo(
             &self,
             request: ::rpc_core::codegen::Request<super::EchoRequest>,
-        ) -> ::core::result::Result<
-            ::rpc_core::codegen::Response<super::EchoReply>,
-            ::rpc_core::codegen::Status,
-        >;
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<
+                ::rpc_core::codegen::Response<super::EchoReply>,
+                ::rpc_core::codegen::Status,
+            >,
+        > + ::core::marker::Send;
     }
     /// Descriptor of `echo.Echo`: name, rpcs and their stable ids.
     pub static DESCRIPTOR: ::rpc_core::codegen::ServiceDescriptor = ::rpc_core::codegen::ServiceDescriptor {
@@ -114,7 +123,12 @@ pub mod echo_server {
         }
         fn call(&self, call: ::rpc_core::codegen::ServerCall) {
             match call.method_id() {
-                0x0274_1ef6 => call.unary(|request| T::echo(&self.inner, request)),
+                0x0274_1ef6 => {
+                    let inner = ::std::sync::Arc::clone(&self.inner);
+                    call.unary_async(move |request| async move {
+                        T::echo(&inner, request).await
+                    })
+                }
                 _ => call.unimplemented(),
             }
         }

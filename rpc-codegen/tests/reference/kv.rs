@@ -156,39 +156,54 @@ pub mod kv_client {
 /// Generated server for `kv.Kv`.
 pub mod kv_server {
     /// Stores byte values under string keys.
+    ///
+    /// Implement the methods as `async fn`. Each call runs to completion on
+    /// the server's dispatcher thread that received it: awaiting (a timer,
+    /// another call, I/O) parks the handler and lets the dispatcher go on,
+    /// but blocking the thread holds up every connection of that dispatcher.
+    /// Run blocking or CPU-heavy work with `rpc_core::blocking`, or serve the
+    /// service with `ServerBuilder::add_blocking_service`.
     pub trait Kv: ::core::marker::Send + ::core::marker::Sync + 'static {
         /// Stores `value` under `key`, replacing any earlier value.
         fn put(
             &self,
             request: ::rpc_core::codegen::Request<super::PutRequest>,
-        ) -> ::core::result::Result<
-            ::rpc_core::codegen::Response<super::PutReply>,
-            ::rpc_core::codegen::Status,
-        >;
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<
+                ::rpc_core::codegen::Response<super::PutReply>,
+                ::rpc_core::codegen::Status,
+            >,
+        > + ::core::marker::Send;
         /// Reads the value of `key`.
         fn get(
             &self,
             request: ::rpc_core::codegen::Request<super::GetRequest>,
-        ) -> ::core::result::Result<
-            ::rpc_core::codegen::Response<super::GetReply>,
-            ::rpc_core::codegen::Status,
-        >;
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<
+                ::rpc_core::codegen::Response<super::GetReply>,
+                ::rpc_core::codegen::Status,
+            >,
+        > + ::core::marker::Send;
         /// Removes `key`.
         fn delete(
             &self,
             request: ::rpc_core::codegen::Request<super::DeleteRequest>,
-        ) -> ::core::result::Result<
-            ::rpc_core::codegen::Response<super::DeleteReply>,
-            ::rpc_core::codegen::Status,
-        >;
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<
+                ::rpc_core::codegen::Response<super::DeleteReply>,
+                ::rpc_core::codegen::Status,
+            >,
+        > + ::core::marker::Send;
         /// Lists the entries whose keys start with `prefix`, in key order.
         fn scan(
             &self,
             request: ::rpc_core::codegen::Request<super::ScanRequest>,
-        ) -> ::core::result::Result<
-            ::rpc_core::codegen::Response<super::ScanReply>,
-            ::rpc_core::codegen::Status,
-        >;
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<
+                ::rpc_core::codegen::Response<super::ScanReply>,
+                ::rpc_core::codegen::Status,
+            >,
+        > + ::core::marker::Send;
     }
     /// Descriptor of `kv.Kv`: name, rpcs and their stable ids.
     pub static DESCRIPTOR: ::rpc_core::codegen::ServiceDescriptor = ::rpc_core::codegen::ServiceDescriptor {
@@ -254,10 +269,30 @@ pub mod kv_server {
         }
         fn call(&self, call: ::rpc_core::codegen::ServerCall) {
             match call.method_id() {
-                0x83c0_5b70 => call.unary(|request| T::put(&self.inner, request)),
-                0xd3ed_4c7d => call.unary(|request| T::get(&self.inner, request)),
-                0xe1cf_2470 => call.unary(|request| T::delete(&self.inner, request)),
-                0x3ea4_9932 => call.unary(|request| T::scan(&self.inner, request)),
+                0x83c0_5b70 => {
+                    let inner = ::std::sync::Arc::clone(&self.inner);
+                    call.unary_async(move |request| async move {
+                        T::put(&inner, request).await
+                    })
+                }
+                0xd3ed_4c7d => {
+                    let inner = ::std::sync::Arc::clone(&self.inner);
+                    call.unary_async(move |request| async move {
+                        T::get(&inner, request).await
+                    })
+                }
+                0xe1cf_2470 => {
+                    let inner = ::std::sync::Arc::clone(&self.inner);
+                    call.unary_async(move |request| async move {
+                        T::delete(&inner, request).await
+                    })
+                }
+                0x3ea4_9932 => {
+                    let inner = ::std::sync::Arc::clone(&self.inner);
+                    call.unary_async(move |request| async move {
+                        T::scan(&inner, request).await
+                    })
+                }
                 _ => call.unimplemented(),
             }
         }

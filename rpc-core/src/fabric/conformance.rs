@@ -296,8 +296,14 @@ pub(crate) fn connections_share_one_srq<F: Fabric>(mut p: Pair<F>, second_client
     let ring2 = second_client.register(RING, true).unwrap();
     let staging2 = second_client.register(RING, false).unwrap();
     let ccq2 = second_client.create_cq().unwrap();
-    let (sqp2, _s_ring2, mut cqp2, peer2) =
-        connect(&p.server, &p.scq, &p.listener, &second_client, &ccq2, &ring2);
+    let (sqp2, _s_ring2, mut cqp2, peer2) = connect(
+        &p.server,
+        &p.scq,
+        &p.listener,
+        &second_client,
+        &ccq2,
+        &ring2,
+    );
     let cqp1 = &mut p.cqp;
     p.server.post_recv(2).unwrap();
     p.staging.write(0, 8, |b| b.fill(1));

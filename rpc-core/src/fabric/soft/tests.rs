@@ -105,7 +105,11 @@ fn connecting_to_nothing_fails_clearly() {
     };
     let cq = f.create_cq().unwrap();
     let e = f
-        .connect(&FabricUrl::parse("mem://nobody-here").unwrap(), local(), &cq)
+        .connect(
+            &FabricUrl::parse("mem://nobody-here").unwrap(),
+            local(),
+            &cq,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("no server listens"), "{e}");
     // A port nothing listens on (bind one, drop it).

@@ -81,7 +81,11 @@ fn rdma_queue_pairs_are_created_on_the_context_srq_and_cqs() {
         inner.srq.ptr.as_ptr(),
         "the QP receives through the context's SRQ"
     );
-    assert_eq!(scq, p.scq.inner.send_cq.ptr.as_ptr(), "on its dispatcher's CQs");
+    assert_eq!(
+        scq,
+        p.scq.inner.send_cq.ptr.as_ptr(),
+        "on its dispatcher's CQs"
+    );
     assert_eq!(rcq, p.scq.inner.recv_cq.ptr.as_ptr());
 }
 
