@@ -29,7 +29,8 @@ const RAW_RING: usize = 65536;
 
 /// A hand-driven connection to a server.
 struct Raw {
-    fabric: SoftFabric,
+    /// Keeps the context, and so its shared receive queue, alive.
+    _fabric: SoftFabric,
     cq: SoftCq,
     ring: SoftRegion,
     staging: SoftRegion,
@@ -68,7 +69,7 @@ impl Raw {
             cq,
             peer: connected.peer,
             qp: connected.qp,
-            fabric,
+            _fabric: fabric,
             ring,
             staging,
             head: 0,

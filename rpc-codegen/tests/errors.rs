@@ -195,7 +195,8 @@ fn proto_comments_become_docs_and_uncommented_items_get_defaults() {
         // From the proto, on the client module, client struct and server trait.
         "/// Generated client for `docs.Documented`.\n///\n/// The service's comment,\n/// on two lines.\npub mod documented_client {",
         "    /// The service's comment,\n    /// on two lines.\n    #[derive(Debug, Clone)]\n    pub struct DocumentedClient {",
-        "    /// The service's comment,\n    /// on two lines.\n    pub trait Documented:",
+        "    /// The service's comment,\n    /// on two lines.\n    ///\n    /// Implement the methods as `async fn`.",
+        "    pub trait Documented:",
         "        /// The rpc's comment.\n        pub fn commented(",
         "        /// The rpc's comment.\n        fn commented(",
         // Defaults where the proto has no comment.

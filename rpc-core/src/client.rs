@@ -299,6 +299,7 @@ impl Channel {
                 id,
                 canceller: Some(self.clone()),
                 started: None,
+                corked: true,
                 _t: PhantomData,
             },
             Err(status) => UnaryCall::failed(status),
@@ -306,7 +307,20 @@ impl Channel {
     }
 
     fn cancel(&self, id: CallId) {
-        with_client!(&self.inner.client, c => c.cancel(id))
+        with_client!(&self.inner.client, c => {
+            c.conn.uncork();
+            c.cancel(id)
+        })
+    }
+
+    /// Sends the requests staged on this channel's connection.
+    fn uncork(&self) {
+        with_client!(&self.inner.client, c => c.conn.uncork())
+    }
+
+    /// Whether requests are staged on this channel's connection.
+    fn is_corked(&self) -> bool {
+        with_client!(&self.inner.client, c => c.conn.is_corked())
     }
 
     /// Decodes a finished call's outcome and takes back what the call used:
@@ -408,12 +422,18 @@ impl<F: Fabric> Client<F> {
             metadata: Some(request.metadata()),
             payload_len: message.encoded_len(),
         };
-        let sent = self.conn.send(&frame, request.fail_fast(), &mut |buf| {
-            encode_exact(message, buf)
-        });
-        if let Err(e) = sent {
-            self.ep.role.calls().remove(id);
-            return Err(e.into());
+        let sent = self
+            .conn
+            .send_corked(&frame, request.fail_fast(), &mut |buf| {
+                encode_exact(message, buf)
+            });
+        match sent {
+            Ok(true) => self.ep.corked(&self.conn),
+            Ok(false) => {}
+            Err(e) => {
+                self.ep.role.calls().remove(id);
+                return Err(e.into());
+            }
         }
         Ok((id, slot))
     }
@@ -682,6 +702,11 @@ impl CallSlot {
 
 /// A call in flight: `.await` it from any executor, or block on it with
 /// [`UnaryCall::wait`]. Dropping it unfinished cancels the call.
+///
+/// The request is encoded into the connection's send ring when the call is
+/// made, and leaves when the call is first waited on or awaited, together
+/// with the requests other callers made meanwhile (one post, one vectored
+/// write on tcp://), as a tonic call leaves when first polled.
 #[must_use = "a call does nothing useful unless awaited or waited on"]
 pub struct UnaryCall<T> {
     slot: Option<Arc<CallSlot>>,
@@ -689,6 +714,8 @@ pub struct UnaryCall<T> {
     canceller: Option<Channel>,
     /// When an `.await` first found the response missing.
     started: Option<Instant>,
+    /// The request may still be staged (see `Conn::send_corked`).
+    corked: bool,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -707,6 +734,7 @@ impl<T> UnaryCall<T> {
             id: CallId(0),
             canceller: None,
             started: None,
+            corked: false,
             _t: PhantomData,
         }
     }
@@ -740,6 +768,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
         let Some(channel) = self.canceller.take() else {
             return decode_reply(slot.wait(), drop);
         };
+        channel.uncork();
         let started = Instant::now();
         channel.poll_for(&slot);
         // Sleep without holding the channel: if its last handle goes away
@@ -771,6 +800,20 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
         let Some(slot) = self.slot.clone() else {
             return Poll::Ready(Err(Status::internal("call polled after completion")));
         };
+        if self.corked {
+            if let Some(channel) = &self.canceller {
+                if self.started.is_none() && channel.is_corked() {
+                    // First poll: let the tasks that run next issue their
+                    // requests too; they all leave in one post at the next
+                    // poll of any of them.
+                    self.started = Some(Instant::now());
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                channel.uncork();
+            }
+            self.corked = false;
+        }
         let mut outcome = slot.poll(cx);
         if outcome.is_pending() {
             if let Some(channel) = &self.canceller {
@@ -811,8 +854,11 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
 
 impl<T> Drop for UnaryCall<T> {
     fn drop(&mut self) {
-        if let (Some(_), Some(channel)) = (self.slot.take(), self.canceller.take()) {
-            channel.cancel(self.id);
+        let unfinished = self.slot.take().is_some();
+        if let Some(channel) = self.canceller.take() {
+            if unfinished {
+                channel.cancel(self.id);
+            }
         }
     }
 }

@@ -199,6 +199,15 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     last_future_poll: AtomicU64,
     /// Connections handled by this dispatcher.
     load: AtomicUsize,
+    /// Connections whose writes wait for an uncork ([`Conn::send_corked`]):
+    /// the poller flushes them on its next turn, so a request leaves even if
+    /// its call is never polled.
+    corked: Mutex<Vec<Arc<Conn<F>>>>,
+    /// Whether `corked` may be non-empty.
+    any_corked: AtomicBool,
+    /// Whether the poller sleeps on the queue: then a corking caller
+    /// uncorks at once instead of waiting for it.
+    asleep: AtomicBool,
 }
 
 impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
@@ -246,6 +255,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 surplus_recvs: AtomicU64::new(0),
                 last_future_poll: AtomicU64::new(0),
                 load: AtomicUsize::new(0),
+                corked: Mutex::new(Vec::new()),
+                any_corked: AtomicBool::new(false),
+                asleep: AtomicBool::new(false),
             }
         }))
     }
@@ -365,6 +377,39 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             }
         }
         Ok(())
+    }
+
+    /// Takes note of a connection that [`Conn::send_corked`] corked: the
+    /// poller uncorks it on its next turn unless its callers do first, and if
+    /// the poller sleeps, it is uncorked now.
+    pub(crate) fn corked(&self, conn: &Arc<Conn<F>>) {
+        self.corked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::clone(conn));
+        self.any_corked.store(true, Ordering::SeqCst);
+        // Pairs with the poller's store of `asleep` before its last flush:
+        // either it sees `any_corked`, or this sees `asleep`.
+        if self.asleep.load(Ordering::SeqCst) {
+            self.flush_corked();
+        }
+    }
+
+    /// Posts the writes of the connections [`Endpoint::corked`] noted.
+    fn flush_corked(&self) {
+        if !self.any_corked.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let lock = || self.corked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conns = std::mem::take(&mut *lock());
+        for conn in conns.drain(..) {
+            conn.uncork();
+        }
+        // Give the list its capacity back: no allocation per flush.
+        let mut list = lock();
+        if list.capacity() == 0 {
+            *list = conns;
+        }
     }
 
     /// Asks the poller to exit.
@@ -549,6 +594,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let mut next_tick = Instant::now();
         let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
+            self.flush_corked();
             let future_polled = {
                 let last = self.last_future_poll.load(Ordering::Relaxed);
                 last != 0
@@ -636,7 +682,10 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             let next_tick = next_tick.min(self.epoch + Duration::from_nanos(hint));
             let sleep = next_tick.saturating_duration_since(now);
             if !sleep.is_zero() && self.callers_polling.load(Ordering::SeqCst) == 0 {
+                self.asleep.store(true, Ordering::SeqCst);
+                self.flush_corked();
                 self.cq.wait(Some(sleep.min(Duration::from_secs(1))));
+                self.asleep.store(false, Ordering::SeqCst);
             }
             self.planned_wake.store(0, Ordering::SeqCst);
             idle_since = None;
@@ -700,7 +749,7 @@ struct StagedWrite {
 }
 
 /// Most writes posted as one batch.
-const MAX_POST_BATCH: usize = 16;
+const MAX_POST_BATCH: usize = 64;
 
 thread_local! {
     /// Whether this thread is handling a batch of completions: only its
@@ -764,6 +813,9 @@ struct SendState<F: Fabric> {
     /// While the poller handles a batch of completions for this connection,
     /// writes are staged here and posted together after it.
     batching: bool,
+    /// A caller's request is staged, to go out with the requests other
+    /// callers issue meanwhile (see [`Conn::send_corked`]).
+    corked: bool,
     staged: Vec<StagedWrite>,
 }
 
@@ -876,6 +928,7 @@ impl<F: Fabric> Conn<F> {
                 sq_depth,
                 dead: None,
                 batching: false,
+                corked: false,
                 staged: Vec::with_capacity(MAX_POST_BATCH),
             }),
             failure: Mutex::new(None),
@@ -960,6 +1013,47 @@ impl<F: Fabric> Conn<F> {
         fail_fast: bool,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), SendError> {
+        self.send_with(frame, fail_fast, false, fill).map(drop)
+    }
+
+    /// Like [`Conn::send`], but the write may stay staged until
+    /// [`Conn::uncork`] (or a full batch, or a turn of the dispatcher that
+    /// touches this connection): requests that callers issue back to back
+    /// then leave in one post, one vectored write on tcp://. Returns whether
+    /// this write corked the connection: then hand it to
+    /// [`Endpoint::corked`], so that it leaves even if nobody uncorks it.
+    pub(crate) fn send_corked(
+        &self,
+        frame: &OutFrame<'_>,
+        fail_fast: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<bool, SendError> {
+        self.send_with(frame, fail_fast, true, fill)
+    }
+
+    /// Posts the writes [`Conn::send_corked`] left staged.
+    pub(crate) fn uncork(&self) {
+        let mut s = self.send_state();
+        if s.corked {
+            s.corked = false;
+            if !(s.batching && IN_TURN.get()) {
+                self.post_staged(&mut s);
+            }
+        }
+    }
+
+    /// Whether writes wait for [`Conn::uncork`].
+    pub(crate) fn is_corked(&self) -> bool {
+        self.send_state().corked
+    }
+
+    fn send_with(
+        &self,
+        frame: &OutFrame<'_>,
+        fail_fast: bool,
+        cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<bool, SendError> {
         let md_len = frame.metadata.map_or(0, Metadata::encoded_len);
         if md_len > crate::metadata::MAX_ENCODED_LEN {
             return Err(SendError::Metadata(md_len));
@@ -1000,8 +1094,12 @@ impl<F: Fabric> Conn<F> {
                 Ok(Some(slot)) => {
                     let ack = s.credits.take_ack();
                     s.staging.write(slot.offset, len, |buf| write(buf, ack));
+                    let was_corked = s.corked;
+                    if cork {
+                        s.corked = true;
+                    }
                     self.post(&mut s, slot.offset, len);
-                    return Ok(());
+                    return Ok(s.corked && !was_corked);
                 }
                 Ok(None) => {}
                 Err(_) => {
@@ -1026,7 +1124,7 @@ impl<F: Fabric> Conn<F> {
         write(&mut bytes, 0);
         s.backlog.bytes += len;
         s.backlog.frames.push_back(bytes);
-        Ok(())
+        Ok(false)
     }
 
     /// Posts the frame staged at `offset`. Marks the connection failed on error.
@@ -1056,7 +1154,8 @@ impl<F: Fabric> Conn<F> {
             wr_id,
             signaled: signal || wr_id % SIGNAL_EVERY as u64 == 0,
         });
-        if !(s.batching && IN_TURN.get()) || s.staged.len() >= MAX_POST_BATCH {
+        let held = s.corked || (s.batching && IN_TURN.get());
+        if !held || s.staged.len() >= MAX_POST_BATCH {
             self.post_staged(s);
         }
         wr_id
@@ -1070,6 +1169,7 @@ impl<F: Fabric> Conn<F> {
 
     /// Posts the staged writes, in order, as one batch.
     fn post_staged(&self, s: &mut SendState<F>) {
+        s.corked = false;
         if s.staged.is_empty() {
             return;
         }

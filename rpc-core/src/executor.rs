@@ -192,6 +192,7 @@ impl Executor {
     }
 
     /// Tasks parked, waiting to be woken.
+    #[cfg(test)]
     pub(crate) fn parked(&self) -> usize {
         self.tasks().len()
     }

@@ -717,8 +717,11 @@ struct ServerStopper<F: Fabric> {
     dispatchers: Vec<JoinHandle<()>>,
 }
 
+/// A connection and the dispatcher that serves it.
+type ServerConn<F> = (Arc<Endpoint<F, ServerRole>>, Arc<Conn<F>>);
+
 impl<F: Fabric> ServerStopper<F> {
-    fn connections(&self) -> Vec<(Arc<Endpoint<F, ServerRole>>, Arc<Conn<F>>)> {
+    fn connections(&self) -> Vec<ServerConn<F>> {
         self.endpoints
             .iter()
             .flat_map(|ep| ep.connections().into_iter().map(move |c| (ep.clone(), c)))

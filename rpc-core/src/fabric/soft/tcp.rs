@@ -52,8 +52,11 @@ const SCRATCH: usize = 64 << 10;
 const DIRECT_READ: usize = 16 << 10;
 /// Bytes read from one socket per poll before the others get their turn.
 const READ_BUDGET: usize = 1 << 20;
+/// A region read-locked while its bytes are written out.
+type RegionGuard<'a> = (&'a SoftRegion, RwLockReadGuard<'a, Box<[u8]>>);
+
 /// Writes of one post gathered into one vectored write.
-const MAX_GATHER: usize = 16;
+const MAX_GATHER: usize = 64;
 /// How long a closing connection keeps trying to flush to a peer that does
 /// not read before it gives up.
 const CLOSE_LINGER: Duration = Duration::from_secs(5);
@@ -852,8 +855,7 @@ impl TcpWire {
             // One read guard per distinct region (a batch comes from one
             // staging area): a second read lock on one RwLock could wait
             // behind a writer.
-            let mut guards: [Option<(&SoftRegion, RwLockReadGuard<'_, Box<[u8]>>)>; MAX_GATHER] =
-                [const { None }; MAX_GATHER];
+            let mut guards: [Option<RegionGuard<'_>>; MAX_GATHER] = [const { None }; MAX_GATHER];
             for (i, local) in locals[..n].iter().enumerate() {
                 if let Some((region, _, _)) = local {
                     let known = guards[..i]
