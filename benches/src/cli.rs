@@ -6,14 +6,17 @@ use std::path::PathBuf;
 pub const USAGE: &str = "\
 usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
                  [--connections K] [--warmup N] [--json FILE]
-                 [--baseline tonic|perftest|channel] [--inline-handlers] [--spin-us N]
+                 [--baseline tonic|perftest|channel] [--spin-us N]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
 port 0 picks a free one), C calls outstanding over K connections (default 1),
 after N/10 warm-up calls (--warmup), and prints
 
-  url=... size=... concurrency=... calls=... errors=... p50_us=... p99_us=... p999_us=... rps=...
+  url=... size=... concurrency=... calls=... errors=... p50_us=... p99_us=... p999_us=... rps=... cpu_us_per_call=...
+
+cpu_us_per_call is the process's CPU time (user + system, all threads: client
+and server) over the measured calls, divided by their number.
 
 --baseline measures a reference with the same size, calls and concurrency and
 prints its line and the ratios ours/theirs (tonic and channel run in this
@@ -22,9 +25,9 @@ process, alternating with ours in up to 5 rounds; perftest runs afterwards):
   perftest  ib_write_lat and ib_write_bw on the device of an rdma:// URL
   channel   a crossbeam-channel ping-pong between two threads
 --json FILE appends every line as a JSON record (JSON Lines).
---inline-handlers runs the echo handler on the server's poller thread.
---spin-us N sets how long server and client poll an idle queue before they
-sleep (the builders' spin(); default 50 µs).
+--spin-us N (an experiment, not a default) sets how long server and client
+poll an idle queue before they sleep (the builders' spin(); default: 50 µs,
+adapted to the gaps observed).
 Exit code: 0, 1 if any call failed or a baseline could not run, 2 on bad arguments.";
 
 /// A baseline measured in the same invocation.
@@ -57,8 +60,6 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// The baseline to measure too.
     pub baseline: Option<Baseline>,
-    /// Run the handler on the server's poller thread.
-    pub inline_handlers: bool,
     /// How long server and client spin before they sleep (None: default).
     pub spin: Option<std::time::Duration>,
 }
@@ -75,7 +76,6 @@ impl Options {
         let mut warmup = None;
         let mut json = None;
         let mut baseline = None;
-        let mut inline_handlers = false;
         let mut spin = None;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -109,7 +109,6 @@ impl Options {
                         }
                     })
                 }
-                "--inline-handlers" if inline_value.is_none() => inline_handlers = true,
                 "--spin-us" => {
                     spin = Some(std::time::Duration::from_micros(number(&name, &value()?)?))
                 }
@@ -150,7 +149,6 @@ impl Options {
             warmup: warmup.unwrap_or(calls / 10),
             json,
             baseline,
-            inline_handlers,
             spin,
         }))
     }

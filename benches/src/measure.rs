@@ -85,6 +85,34 @@ pub struct Totals {
     pub warmup_errors: u64,
     /// Wall-clock time of the measured rounds, summed.
     pub elapsed: Duration,
+    /// CPU time of this process (user + system, all threads) during the
+    /// measured rounds, summed.
+    pub cpu: Duration,
+}
+
+/// CPU time this process has used so far, user + system, all its threads.
+pub fn process_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a valid, writable `rusage`; getrusage only writes it.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    // SAFETY: zero-initialised and, as getrusage succeeded, filled in.
+    let usage = unsafe { usage.assume_init() };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Runs a round of `bench`, adding what it measured to `totals`.
+fn measured_round(bench: &mut dyn Bench, first: u64, calls: u64, totals: &mut Totals) {
+    let cpu = process_cpu();
+    let (tally, elapsed) = bench.round(first, calls);
+    totals.cpu += process_cpu().saturating_sub(cpu);
+    totals.tally.merge(tally);
+    totals.elapsed += elapsed;
 }
 
 /// Rounds to split a run into when a baseline is interleaved with it: up to
@@ -99,7 +127,8 @@ pub fn rounds_for(params: &Params) -> u64 {
 /// alternating between `ours` and `baseline` (and which goes first), so
 /// that a change in the machine's load during the run (other processes on
 /// a shared machine) weighs on both alike instead of on whichever ran
-/// second. Calls are numbered alike on both sides.
+/// second. Calls are numbered alike on both sides. Each side's CPU time is
+/// the process's, taken over its own rounds only.
 pub fn interleave(
     ours: &mut dyn Bench,
     mut baseline: Option<&mut dyn Bench>,
@@ -115,26 +144,15 @@ pub fn interleave(
     let mut first = params.warmup;
     for r in 0..rounds {
         let n = params.calls / rounds + u64::from(r < params.calls % rounds);
-        let mut run_ours = |t: &mut Totals| {
-            let (tally, elapsed) = ours.round(first, n);
-            t.tally.merge(tally);
-            t.elapsed += elapsed;
-        };
         match baseline.as_deref_mut() {
-            None => run_ours(&mut totals.0),
+            None => measured_round(ours, first, n, &mut totals.0),
+            Some(b) if r % 2 == 0 => {
+                measured_round(ours, first, n, &mut totals.0);
+                measured_round(b, first, n, &mut totals.1);
+            }
             Some(b) => {
-                let mut run_base = |t: &mut Totals| {
-                    let (tally, elapsed) = b.round(first, n);
-                    t.tally.merge(tally);
-                    t.elapsed += elapsed;
-                };
-                if r % 2 == 0 {
-                    run_ours(&mut totals.0);
-                    run_base(&mut totals.1);
-                } else {
-                    run_base(&mut totals.1);
-                    run_ours(&mut totals.0);
-                }
+                measured_round(b, first, n, &mut totals.1);
+                measured_round(ours, first, n, &mut totals.0);
             }
         }
         first += n;
@@ -200,6 +218,12 @@ pub struct Measurement {
     pub rps: f64,
     /// Wall-clock time of the measured calls, seconds.
     pub elapsed_s: f64,
+    /// CPU time per measured call, µs: the process's user + system time
+    /// (client and server, every thread) over the measured calls, divided
+    /// by their number. None where it was not measured (perftest, older
+    /// records).
+    #[serde(default)]
+    pub cpu_us_per_call: Option<f64>,
     /// `(quantile, µs)` points of the latency distribution.
     pub cdf: Vec<(f64, f64)>,
     /// Figures of a baseline beyond the common ones (perftest's own), by name.
@@ -211,6 +235,9 @@ pub struct Measurement {
     /// On a baseline record: our rps divided by this one's.
     #[serde(default)]
     pub ratio_rps: Option<f64>,
+    /// On a baseline record: our CPU time per call divided by this one's.
+    #[serde(default)]
+    pub ratio_cpu: Option<f64>,
     /// The first error, if any.
     #[serde(default)]
     pub first_error: Option<String>,
@@ -237,7 +264,7 @@ pub struct Params {
 impl Measurement {
     /// Builds a record from the [`Totals`] of a series of rounds.
     pub fn from_totals(kind: Kind, fabric: &str, url: String, params: Params, t: &Totals) -> Self {
-        Self::from_tally(
+        let mut m = Self::from_tally(
             kind,
             fabric,
             url,
@@ -245,7 +272,9 @@ impl Measurement {
             &t.tally,
             t.warmup_errors,
             t.elapsed,
-        )
+        );
+        m.cpu_us_per_call = Some(t.cpu.as_secs_f64() * 1e6 / params.calls.max(1) as f64);
+        m
     }
 
     /// Builds a record from a tally of the measured calls (`warmup_errors`
@@ -286,10 +315,12 @@ impl Measurement {
             p999_us: us(0.999),
             rps: params.calls as f64 / elapsed.as_secs_f64().max(f64::EPSILON),
             elapsed_s: elapsed.as_secs_f64(),
+            cpu_us_per_call: None,
             cdf,
             extra: BTreeMap::new(),
             ratio_p50: None,
             ratio_rps: None,
+            ratio_cpu: None,
             first_error: tally.first_error.clone(),
             unix_time: now_unix(),
         }
@@ -299,18 +330,27 @@ impl Measurement {
     pub fn set_ratios(&mut self, ours: &Measurement) {
         self.ratio_p50 = Some(ratio(ours.p50_us, self.p50_us));
         self.ratio_rps = Some(ratio(ours.rps, self.rps));
+        self.ratio_cpu = match (ours.cpu_us_per_call, self.cpu_us_per_call) {
+            (Some(a), Some(b)) => Some(ratio(a, b)),
+            _ => None,
+        };
     }
 
     /// The ratio line printed after a baseline's line:
-    /// `ratio_p50_vs_tonic=X ratio_rps_vs_tonic=Y`.
+    /// `ratio_p50_vs_tonic=X ratio_rps_vs_tonic=Y`, then
+    /// ` ratio_cpu_vs_tonic=Z` where both sides' CPU time was measured.
     pub fn ratio_line(&self) -> String {
         let name = self.kind.ratio_name();
         let show = |r: Option<f64>| r.map_or_else(|| "nan".to_owned(), |r| format!("{r:.3}"));
-        format!(
+        let mut line = format!(
             "ratio_p50_vs_{name}={} ratio_rps_vs_{name}={}",
             show(self.ratio_p50),
             show(self.ratio_rps)
-        )
+        );
+        if self.ratio_cpu.is_some() {
+            line += &format!(" ratio_cpu_vs_{name}={}", show(self.ratio_cpu));
+        }
+        line
     }
 }
 
@@ -341,6 +381,9 @@ impl fmt::Display for Measurement {
             self.p999_us,
             self.rps
         )?;
+        if let Some(cpu) = self.cpu_us_per_call {
+            write!(f, " cpu_us_per_call={cpu:.2}")?;
+        }
         for (k, v) in &self.extra {
             write!(f, " {k}={v}")?;
         }
@@ -392,10 +435,30 @@ mod tests {
         assert_eq!(b.0, want);
         assert_eq!(ta.tally.hist.len(), 1003);
         assert_eq!(tb.elapsed, Duration::from_micros(1003));
+        let p_totals = Measurement::from_totals(Kind::Rpc, "mem", "mem://x".into(), p, &ta);
+        assert!(p_totals.cpu_us_per_call.is_some_and(|c| c >= 0.0));
         let mut alone = Fake(Vec::new());
         let (t, none) = interleave(&mut alone, None, &p, 1);
         assert_eq!(alone.0, vec![(0, 10), (10, 1003)]);
         assert_eq!((t.tally.hist.len(), none.tally.hist.len()), (1003, 0));
+    }
+
+    #[test]
+    fn process_cpu_counts_work_on_any_thread() {
+        let before = process_cpu();
+        let spin = |d: Duration| {
+            let start = std::time::Instant::now();
+            let mut x = 0u64;
+            while start.elapsed() < d {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        };
+        std::thread::spawn(move || spin(Duration::from_millis(30)))
+            .join()
+            .unwrap();
+        spin(Duration::from_millis(30));
+        let used = process_cpu() - before;
+        assert!(used >= Duration::from_millis(40), "{used:?}");
     }
 
     #[test]
@@ -441,6 +504,16 @@ mod tests {
         assert_eq!(
             base.ratio_line(),
             "ratio_p50_vs_channel=2.000 ratio_rps_vs_channel=0.250"
+        );
+        // CPU time per call, where both sides measured it.
+        let mut ours = ours;
+        ours.cpu_us_per_call = Some(3.0);
+        base.cpu_us_per_call = Some(12.0);
+        base.set_ratios(&ours);
+        assert!(ours.to_string().ends_with(" rps=1001 cpu_us_per_call=3.00"));
+        assert_eq!(
+            base.ratio_line(),
+            "ratio_p50_vs_channel=2.000 ratio_rps_vs_channel=0.250 ratio_cpu_vs_channel=0.250"
         );
         let json = serde_json::to_string(&base).unwrap();
         let back: Measurement = serde_json::from_str(&json).unwrap();

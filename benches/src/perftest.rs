@@ -108,10 +108,14 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
         p999_us: 2.0 * lat.p999.unwrap_or(lat.t_max),
         rps,
         elapsed_s: params.calls as f64 / rps.max(f64::EPSILON),
+        // perftest busy-polls a core on each side whatever the load: its
+        // CPU time says nothing per message.
+        cpu_us_per_call: None,
         cdf,
         extra,
         ratio_p50: None,
         ratio_rps: None,
+        ratio_cpu: None,
         first_error: None,
         unix_time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -39,13 +39,23 @@ pub const FABRICS: &[(&str, Kind, &str)] = &[
     ),
 ];
 
-type Key = (Kind, String, usize, usize);
+/// A record's place in the sweep: kind, fabric, size, concurrency, connections.
+type Key = (Kind, String, usize, usize, usize);
 
-/// The last record of each (kind, fabric, size, concurrency).
+/// The last record of each (kind, fabric, size, concurrency, connections).
 fn latest(records: &[Measurement]) -> BTreeMap<Key, &Measurement> {
     let mut map = BTreeMap::new();
     for r in records {
-        map.insert((r.kind, r.fabric.clone(), r.size, r.concurrency), r);
+        map.insert(
+            (
+                r.kind,
+                r.fabric.clone(),
+                r.size,
+                r.concurrency,
+                r.connections,
+            ),
+            r,
+        );
     }
     map
 }
@@ -63,6 +73,23 @@ fn fmt_opt(v: Option<f64>, digits: usize) -> String {
         .map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
 }
 
+/// What a target judges.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Figure {
+    /// Our p50 / the baseline's.
+    RatioP50,
+    /// Our rps / the baseline's.
+    RatioRps,
+    /// Our CPU time per call / the baseline's.
+    RatioCpu,
+    /// Our calls per second.
+    Rps,
+    /// Our CPU time per call, µs.
+    CpuPerCall,
+    /// Our rps at this concurrency / our rps at the given one.
+    RpsOver(usize),
+}
+
 /// A target of the issue, judged from the figures.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -70,63 +97,107 @@ pub struct Target {
     pub fabric: &'static str,
     /// Payload size.
     pub size: usize,
-    /// Concurrency the figure is taken at.
+    /// Concurrency the figure is taken at (one connection).
     pub concurrency: usize,
-    /// `true`: the p50 ratio, `false`: the rps ratio.
-    pub p50: bool,
+    /// What is judged.
+    pub figure: Figure,
     /// `true`: at most `bound`; `false`: at least.
     pub at_most: bool,
     /// The bound.
     pub bound: f64,
 }
 
-/// The targets: rdma 64 B p50 ≤ 1.3× and rps ≥ 0.8× perftest; tcp 64 B
-/// p50 ≤ 0.33× tonic and, at concurrency 8, rps ≥ 3×; mem 64 B p50 ≤ 3×
-/// the channel ping-pong. Latency targets are judged at concurrency 1;
-/// rdma's rps target at concurrency 1 as well (the configuration of its
-/// acceptance command), its other concurrencies are shown alongside.
+const fn target(
+    fabric: &'static str,
+    size: usize,
+    concurrency: usize,
+    figure: Figure,
+    at_most: bool,
+    bound: f64,
+) -> Target {
+    Target {
+        fabric,
+        size,
+        concurrency,
+        figure,
+        at_most,
+        bound,
+    }
+}
+
+/// The targets, with default settings: tcp:// at 64 B and 1 KiB, at 1, 8
+/// and 64 calls outstanding, p50 ≤ 0.5×, rps ≥ 2× and CPU per call ≤ 0.5×
+/// tonic's; mem:// 64 B p50 ≤ 3× the channel ping-pong at concurrency 1,
+/// and at 64 at least 1,000,000 calls/s at ≤ 1.5 µs of CPU per call;
+/// rdma:// 64 B p50 ≤ 1.5× perftest's at concurrency 1, rps ≥ 0.6×
+/// perftest's at 8, and rps at 8 ≥ 2× rps at 1.
 pub const TARGETS: &[Target] = &[
-    Target {
-        fabric: "rdma",
-        size: 64,
-        concurrency: 1,
-        p50: true,
-        at_most: true,
-        bound: 1.3,
-    },
-    Target {
-        fabric: "rdma",
-        size: 64,
-        concurrency: 1,
-        p50: false,
-        at_most: false,
-        bound: 0.8,
-    },
-    Target {
-        fabric: "tcp",
-        size: 64,
-        concurrency: 1,
-        p50: true,
-        at_most: true,
-        bound: 0.33,
-    },
-    Target {
-        fabric: "tcp",
-        size: 64,
-        concurrency: 8,
-        p50: false,
-        at_most: false,
-        bound: 3.0,
-    },
-    Target {
-        fabric: "mem",
-        size: 64,
-        concurrency: 1,
-        p50: true,
-        at_most: true,
-        bound: 3.0,
-    },
+    target("tcp", 64, 1, Figure::RatioP50, true, 0.5),
+    target("tcp", 64, 1, Figure::RatioRps, false, 2.0),
+    target("tcp", 64, 1, Figure::RatioCpu, true, 0.5),
+    target("tcp", 64, 8, Figure::RatioP50, true, 0.5),
+    target("tcp", 64, 8, Figure::RatioRps, false, 2.0),
+    target("tcp", 64, 8, Figure::RatioCpu, true, 0.5),
+    target("tcp", 64, 64, Figure::RatioP50, true, 0.5),
+    target("tcp", 64, 64, Figure::RatioRps, false, 2.0),
+    target("tcp", 64, 64, Figure::RatioCpu, true, 0.5),
+    target("tcp", 1024, 1, Figure::RatioP50, true, 0.5),
+    target("tcp", 1024, 1, Figure::RatioRps, false, 2.0),
+    target("tcp", 1024, 1, Figure::RatioCpu, true, 0.5),
+    target("tcp", 1024, 8, Figure::RatioP50, true, 0.5),
+    target("tcp", 1024, 8, Figure::RatioRps, false, 2.0),
+    target("tcp", 1024, 8, Figure::RatioCpu, true, 0.5),
+    target("tcp", 1024, 64, Figure::RatioP50, true, 0.5),
+    target("tcp", 1024, 64, Figure::RatioRps, false, 2.0),
+    target("tcp", 1024, 64, Figure::RatioCpu, true, 0.5),
+    target("mem", 64, 1, Figure::RatioP50, true, 3.0),
+    target("mem", 64, 64, Figure::Rps, false, 1_000_000.0),
+    target("mem", 64, 64, Figure::CpuPerCall, true, 1.5),
+    target("rdma", 64, 1, Figure::RatioP50, true, 1.5),
+    target("rdma", 64, 8, Figure::RatioRps, false, 0.6),
+    target("rdma", 64, 8, Figure::RpsOver(1), false, 2.0),
 ];
+
+impl Target {
+    /// The figure's name as the report shows it, against baseline `rn`.
+    fn name(&self, rn: &str) -> String {
+        match self.figure {
+            Figure::RatioP50 => format!("ratio_p50_vs_{rn}"),
+            Figure::RatioRps => format!("ratio_rps_vs_{rn}"),
+            Figure::RatioCpu => format!("ratio_cpu_vs_{rn}"),
+            Figure::Rps => "rps".to_owned(),
+            Figure::CpuPerCall => "cpu_us_per_call".to_owned(),
+            Figure::RpsOver(c) => format!("rps / rps at concurrency {c}"),
+        }
+    }
+
+    /// The measured figure, and the errors of the runs it comes from.
+    fn measure(&self, map: &BTreeMap<Key, &Measurement>, base: Kind) -> (Option<f64>, u64) {
+        let at = |kind: Kind, c: usize| map.get(&(kind, self.fabric.to_owned(), self.size, c, 1));
+        let ours = at(Kind::Rpc, self.concurrency);
+        let theirs = at(base, self.concurrency);
+        let errors = |r: Option<&&Measurement>| r.map_or(0, |r| r.errors);
+        match self.figure {
+            Figure::RatioP50 | Figure::RatioRps | Figure::RatioCpu => {
+                let v = theirs.and_then(|b| match self.figure {
+                    Figure::RatioP50 => b.ratio_p50,
+                    Figure::RatioRps => b.ratio_rps,
+                    _ => b.ratio_cpu,
+                });
+                (v, errors(ours) + errors(theirs))
+            }
+            Figure::Rps => (ours.map(|r| r.rps), errors(ours)),
+            Figure::CpuPerCall => (ours.and_then(|r| r.cpu_us_per_call), errors(ours)),
+            Figure::RpsOver(c) => {
+                let low = at(Kind::Rpc, c);
+                let v = ours
+                    .zip(low)
+                    .map(|(hi, lo)| hi.rps / lo.rps.max(f64::EPSILON));
+                (v, errors(ours) + errors(low))
+            }
+        }
+    }
+}
 
 /// Renders the report: the markdown, and the SVG files (name, content) it
 /// links to under `svg_dir` (relative to the markdown file).
@@ -145,40 +216,33 @@ pub fn render(
     md.push_str("Judged from the figures below, as measured; ratios are ours / baseline.\n\n");
     md.push_str("| fabric | size | concurrency | figure | target | measured | verdict |\n|---|---|---|---|---|---|---|\n");
     for t in TARGETS {
-        let base = FABRICS.iter().find(|f| f.0 == t.fabric).map(|f| f.1);
-        let rec = base.and_then(|k| map.get(&(k, t.fabric.to_owned(), t.size, t.concurrency)));
-        let value = rec.and_then(|r| if t.p50 { r.ratio_p50 } else { r.ratio_rps });
-        let name = base.map_or("?", Kind::ratio_name);
-        let figure = format!("ratio_{}_vs_{name}", if t.p50 { "p50" } else { "rps" });
-        let (op, ok) = match value.filter(|v| v.is_finite()) {
-            Some(v) if t.at_most => ("≤", Some(v <= t.bound)),
-            Some(v) => ("≥", Some(v >= t.bound)),
-            None => (if t.at_most { "≤" } else { "≥" }, None),
+        let Some(base) = FABRICS.iter().find(|f| f.0 == t.fabric).map(|f| f.1) else {
+            continue;
         };
-        let errors = rec.map(|r| r.errors).unwrap_or(0)
-            + map
-                .get(&(Kind::Rpc, t.fabric.to_owned(), t.size, t.concurrency))
-                .map_or(0, |r| r.errors);
-        let verdict = match ok {
+        let (value, errors) = t.measure(&map, base);
+        let op = if t.at_most { "≤" } else { "≥" };
+        let verdict = match value.filter(|v| v.is_finite()) {
             Some(_) if errors > 0 => "not judged: calls failed",
-            Some(true) => "**met**",
-            Some(false) => "**not met**",
+            Some(v) if (t.at_most && v <= t.bound) || (!t.at_most && v >= t.bound) => "**met**",
+            Some(_) => "**not met**",
             None => "no data",
         };
+        let digits = if t.figure == Figure::Rps { 0 } else { 3 };
         let _ = writeln!(
             md,
-            "| {}:// | {} | {} | {figure} | {op} {} | {} | {verdict} |",
+            "| {}:// | {} | {} | {} | {op} {} | {} | {verdict} |",
             t.fabric,
             size_label(t.size),
             t.concurrency,
+            t.name(base.ratio_name()),
             t.bound,
-            fmt_opt(value, 3)
+            fmt_opt(value, digits)
         );
     }
     let rdma_rps: Vec<String> = [1, 8, 64]
         .iter()
         .filter_map(|&c| {
-            map.get(&(Kind::Perftest, "rdma".to_owned(), 64, c))
+            map.get(&(Kind::Perftest, "rdma".to_owned(), 64, c, 1))
                 .and_then(|r| r.ratio_rps)
                 .map(|v| format!("{v:.3} at concurrency {c}"))
         })
@@ -195,7 +259,7 @@ pub fn render(
     for &(fabric, base_kind, base_name) in FABRICS {
         let ours: Vec<&Measurement> = map
             .iter()
-            .filter(|((k, f, _, _), _)| *k == Kind::Rpc && f == fabric)
+            .filter(|((k, f, _, _, _), _)| *k == Kind::Rpc && f == fabric)
             .map(|(_, r)| *r)
             .collect();
         if ours.is_empty() {
@@ -206,27 +270,37 @@ pub fn render(
         let _ = writeln!(md, "## {fabric}:// (baseline: {base_name})\n");
         let _ = writeln!(
             md,
-            "| size | concurrency | calls | errors (both) | p50 µs | p99 µs | p99.9 µs | rps | {rn} p50 µs | {rn} p99 µs | {rn} rps | ratio_p50_vs_{rn} | ratio_rps_vs_{rn} |"
+            "| size | concurrency | connections | calls | errors (both) | p50 µs | p99 µs | p99.9 µs | rps | CPU µs/call | {rn} p50 µs | {rn} p99 µs | {rn} rps | {rn} CPU µs/call | ratio_p50_vs_{rn} | ratio_rps_vs_{rn} | ratio_cpu_vs_{rn} |"
         );
-        md.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        md.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for r in &ours {
-            let b = map.get(&(base_kind, fabric.to_owned(), r.size, r.concurrency));
+            let b = map.get(&(
+                base_kind,
+                fabric.to_owned(),
+                r.size,
+                r.concurrency,
+                r.connections,
+            ));
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 size_label(r.size),
                 r.concurrency,
+                r.connections,
                 r.calls,
                 r.errors + b.map_or(0, |b| b.errors),
                 r.p50_us,
                 r.p99_us,
                 r.p999_us,
                 r.rps,
+                fmt_opt(r.cpu_us_per_call, 2),
                 fmt_opt(b.map(|b| b.p50_us), 1),
                 fmt_opt(b.map(|b| b.p99_us), 1),
                 fmt_opt(b.map(|b| b.rps), 0),
+                fmt_opt(b.and_then(|b| b.cpu_us_per_call), 2),
                 fmt_opt(b.and_then(|b| b.ratio_p50), 3),
                 fmt_opt(b.and_then(|b| b.ratio_rps), 3),
+                fmt_opt(b.and_then(|b| b.ratio_cpu), 3),
             );
         }
         md.push('\n');
@@ -246,7 +320,12 @@ pub fn render(
             s
         };
         let concurrencies: Vec<usize> = {
-            let mut c: Vec<usize> = ours.iter().map(|r| r.concurrency).collect();
+            // The charts show one connection; more are in the table.
+            let mut c: Vec<usize> = ours
+                .iter()
+                .filter(|r| r.connections == 1)
+                .map(|r| r.concurrency)
+                .collect();
             c.sort_unstable();
             c.dedup();
             c
@@ -258,7 +337,7 @@ pub fn render(
         for (i, &size) in sizes.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             for (kind, dashed, who) in [(Kind::Rpc, false, "rdma-rpc"), (base_kind, true, rn)] {
-                if let Some(r) = map.get(&(kind, fabric.to_owned(), size, cdf_c)) {
+                if let Some(r) = map.get(&(kind, fabric.to_owned(), size, cdf_c, 1)) {
                     series.push(Series {
                         label: format!("{who} {}", size_label(size)),
                         color,
@@ -289,7 +368,7 @@ pub fn render(
                 let points: Vec<(f64, f64)> = concurrencies
                     .iter()
                     .filter_map(|&c| {
-                        map.get(&(kind, fabric.to_owned(), size, c))
+                        map.get(&(kind, fabric.to_owned(), size, c, 1))
                             .map(|r| (c as f64, r.rps))
                     })
                     .collect();
@@ -322,7 +401,7 @@ pub fn render(
 
         let extras: Vec<String> = map
             .iter()
-            .filter(|((k, f, _, _), _)| *k == base_kind && f == fabric)
+            .filter(|((k, f, _, _, _), _)| *k == base_kind && f == fabric)
             .filter(|(_, r)| !r.extra.is_empty())
             .map(|(_, r)| {
                 let figures: Vec<String> = r
@@ -331,9 +410,10 @@ pub fn render(
                     .map(|(k, v)| format!("{k}={}", human(*v)))
                     .collect();
                 format!(
-                    "- {} at concurrency {}: {}",
+                    "- {} at concurrency {} over {} connection(s): {}",
                     size_label(r.size),
                     r.concurrency,
+                    r.connections,
                     figures.join(" ")
                 )
             })
@@ -387,9 +467,27 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| tcp:// | 64 B | 8 | ratio_rps_vs_tonic | ≥ 3 | – | no data |"),
+            md.contains("| tcp:// | 64 B | 8 | ratio_rps_vs_tonic | ≥ 2 | – | no data |"),
             "{md}"
         );
+        // Absolute figures and scaling, judged from our own records.
+        let mut fast = rec(Kind::Rpc, "mem", 64, 64, 10);
+        fast.rps = 1_200_000.0;
+        fast.cpu_us_per_call = Some(2.0);
+        let one = rec(Kind::Rpc, "rdma", 64, 1, 100);
+        let mut eight = rec(Kind::Rpc, "rdma", 64, 8, 100);
+        eight.rps = one.rps * 1.5;
+        let mut wide = rec(Kind::Rpc, "mem", 64, 64, 10);
+        wide.connections = 16;
+        let (md, _) = render(&[fast, one, eight, wide], "# Report", "report");
+        for row in [
+            "| mem:// | 64 B | 64 | rps | ≥ 1000000 | 1200000 | **met** |",
+            "| mem:// | 64 B | 64 | cpu_us_per_call | ≤ 1.5 | 2.000 | **not met** |",
+            "| rdma:// | 64 B | 8 | rps / rps at concurrency 1 | ≥ 2 | 1.500 | **not met** |",
+            "| 64 B | 64 | 16 | 100 |",
+        ] {
+            assert!(md.contains(row), "{row} not in\n{md}");
+        }
         assert!(md.contains("## mem:// (baseline"));
         assert!(md.contains("](report/latency-mem.svg)"));
         assert_eq!(svgs.len(), 2);

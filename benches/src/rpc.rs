@@ -43,20 +43,13 @@ pub struct RpcRun {
     pub url: String,
     /// Calls, payload and concurrency.
     pub params: Params,
-    /// Run the echo handler on the server's poller thread.
-    pub inline_handlers: bool,
     /// How long server and clients spin before they sleep (None: default).
     pub spin: Option<Duration>,
 }
 
-/// Serves the echo service on `url`, with the defaults a user gets (plus
-/// `inline_handlers`).
-pub fn serve(
-    url: &str,
-    inline_handlers: bool,
-    spin: Option<Duration>,
-) -> Result<ServerHandle, String> {
-    let _ = inline_handlers; // handlers run on the dispatchers by default now
+/// Serves the echo service on `url`, with the defaults a user gets (and
+/// `spin`, if set).
+pub fn serve(url: &str, spin: Option<Duration>) -> Result<ServerHandle, String> {
     let mut builder = Server::builder().add_service(EchoServer::new(EchoService));
     if let Some(spin) = spin {
         builder = builder.spin(spin);
@@ -80,7 +73,7 @@ impl RpcBench {
     /// Starts the server and opens the connections. `Err` when either
     /// cannot be set up.
     pub fn start(run: &RpcRun) -> Result<RpcBench, String> {
-        let server = serve(&run.url, run.inline_handlers, run.spin)?;
+        let server = serve(&run.url, run.spin)?;
         let url = server.local_url().to_owned();
         let mut clients = Vec::with_capacity(run.params.connections);
         for _ in 0..run.params.connections.max(1) {

@@ -37,7 +37,6 @@ fn ours(url: &str, p: Params) -> Measurement {
     benches::rpc::run(&RpcRun {
         url: url.into(),
         params: p,
-        inline_handlers: false,
         spin: None,
     })
     .expect("server and connections come up")
@@ -70,13 +69,12 @@ fn tcp_and_tonic_baseline() {
 }
 
 #[test]
-fn large_payloads_and_inline_handlers() {
+fn large_payloads() {
     let mut p = params(50, 3, 1);
     p.size = 64 * 1024;
     let m = benches::rpc::run(&RpcRun {
         url: "mem://rpc-bench-large".into(),
         params: p,
-        inline_handlers: true,
         spin: None,
     })
     .unwrap();
@@ -114,13 +112,14 @@ fn binary_prints_lines_writes_json_and_exits_2_on_bad_args() {
             "url=mem://rpc-bench-bin size=64 concurrency=2 calls=200 errors=0 p50_us="
         )
     );
-    for key in ["p99_us=", "p999_us=", "rps="] {
+    for key in ["p99_us=", "p999_us=", "rps=", "cpu_us_per_call="] {
         assert!(lines[0].contains(key) && lines[1].contains(key), "{stdout}");
     }
     assert!(lines[1].starts_with("url=channel://"), "{stdout}");
     assert!(
         lines[2].starts_with("ratio_p50_vs_channel=")
             && lines[2].contains(" ratio_rps_vs_channel=")
+            && lines[2].contains(" ratio_cpu_vs_channel=")
     );
     let records = benches::report::load(&[&json]).unwrap();
     assert_eq!(records.len(), 2);

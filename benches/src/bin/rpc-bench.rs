@@ -43,7 +43,6 @@ fn run(o: &Options) -> i32 {
     let run = RpcRun {
         url: o.url.clone(),
         params,
-        inline_handlers: o.inline_handlers,
         spin: o.spin,
     };
     let mut ours_bench = match RpcBench::start(&run) {
