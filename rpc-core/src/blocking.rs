@@ -18,7 +18,10 @@ struct PoolState {
     name: &'static str,
     max_threads: usize,
     threads: AtomicUsize,
+    /// Threads waiting for a job.
     idle: AtomicUsize,
+    /// Jobs sent and not taken yet.
+    queued: AtomicUsize,
 }
 
 /// A bounded pool of threads for blocking work.
@@ -40,47 +43,53 @@ impl BlockingPool {
                 max_threads: max_threads.max(1),
                 threads: AtomicUsize::new(0),
                 idle: AtomicUsize::new(0),
+                queued: AtomicUsize::new(0),
             }),
         }
     }
 
-    /// Runs `job` on a pool thread, starting one if none is idle and the
-    /// limit allows; otherwise it waits for a thread to be free.
+    /// Runs `job` on a pool thread, starting one if fewer are idle than
+    /// jobs wait and the limit allows; otherwise it waits for a thread to
+    /// be free.
     pub(crate) fn execute(&self, job: Job) {
         let st = &self.state;
-        if st.idle.load(Ordering::Acquire) == 0 {
-            let n = st.threads.load(Ordering::Acquire);
-            if n < st.max_threads
-                && st
-                    .threads
-                    .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                let rx = self.rx.clone();
-                let state = st.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("{}-{n}", st.name))
-                    .spawn(move || {
-                        for job in rx.iter() {
-                            state.idle.fetch_sub(1, Ordering::AcqRel);
-                            job();
-                            state.idle.fetch_add(1, Ordering::AcqRel);
-                        }
-                    });
-                match spawned {
-                    Ok(_) => {
-                        st.idle.fetch_add(1, Ordering::AcqRel);
-                    }
-                    Err(e) => {
-                        st.threads.fetch_sub(1, Ordering::AcqRel);
-                        tracing::error!(error = %e, pool = st.name, "cannot start a blocking-pool thread");
-                    }
-                }
-            }
-        }
+        let queued = st.queued.fetch_add(1, Ordering::AcqRel) + 1;
         if let Err(e) = self.tx.send(job) {
             // Only if every receiver is gone, which this pool's own prevents.
+            st.queued.fetch_sub(1, Ordering::AcqRel);
             (e.into_inner())();
+            return;
+        }
+        // Counted before the job is taken and after, an idle thread may be
+        // missed and one started too many: never one too few.
+        if st.idle.load(Ordering::Acquire) >= queued {
+            return;
+        }
+        let n = st.threads.load(Ordering::Acquire);
+        if n >= st.max_threads
+            || st
+                .threads
+                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let rx = self.rx.clone();
+        let state = st.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-{n}", st.name))
+            .spawn(move || {
+                loop {
+                    state.idle.fetch_add(1, Ordering::AcqRel);
+                    let Ok(job) = rx.recv() else { return };
+                    state.queued.fetch_sub(1, Ordering::AcqRel);
+                    state.idle.fetch_sub(1, Ordering::AcqRel);
+                    job();
+                }
+            });
+        if let Err(e) = spawned {
+            st.threads.fetch_sub(1, Ordering::AcqRel);
+            tracing::error!(error = %e, pool = st.name, "cannot start a blocking-pool thread");
         }
     }
 
@@ -193,6 +202,36 @@ mod tests {
         got.sort_unstable();
         assert_eq!(got, (0..10).collect::<Vec<_>>());
         assert!(pool.threads() <= 2, "{} threads", pool.threads());
+    }
+
+    #[test]
+    fn jobs_submitted_back_to_back_each_get_a_thread_up_to_the_limit() {
+        // Three jobs that can only finish together (a barrier of three)
+        // need three threads at once: submitted before the first thread has
+        // taken its job, each must still start its own.
+        for _ in 0..50 {
+            let pool = BlockingPool::new("test-pool", 3);
+            let barrier = Arc::new(std::sync::Barrier::new(3));
+            let (tx, rx) = crossbeam_channel::unbounded();
+            for _ in 0..3 {
+                let (barrier, tx) = (barrier.clone(), tx.clone());
+                pool.execute(Box::new(move || {
+                    barrier.wait();
+                    tx.send(()).unwrap();
+                }));
+            }
+            for _ in 0..3 {
+                rx.recv_timeout(Duration::from_secs(10))
+                    .expect("all three jobs ran at once");
+            }
+            assert_eq!(pool.threads(), 3);
+            // An idle thread takes the next job: no fourth is started.
+            let (tx2, rx2) = crossbeam_channel::bounded(1);
+            std::thread::sleep(Duration::from_millis(2));
+            pool.execute(Box::new(move || tx2.send(()).unwrap()));
+            rx2.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(pool.threads(), 3);
+        }
     }
 
     #[test]

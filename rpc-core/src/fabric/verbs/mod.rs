@@ -27,9 +27,12 @@
 //! All `unsafe` code of the crate lives in this module.
 #![allow(unsafe_code)]
 
+mod liveness;
 mod resources;
 
 use ibverbs_sys as ffi;
+pub use liveness::KEEPALIVE_BOUND;
+use liveness::{Liveness, Watched, set_keepalive};
 use resources::{CompChannel, Context, Cq, Mr, Pd, Qp, Srq, is_full};
 
 use super::{
@@ -38,7 +41,6 @@ use super::{
 };
 use crate::bootstrap::{self, Acceptor, Hello, HelloFabric};
 use std::collections::{HashMap, VecDeque};
-use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -57,19 +59,6 @@ const SRQ_LIMIT_FRACTION: u32 = 4;
 /// Busy polls between two looks at the async event queue (an idle poller
 /// sees events at once: it blocks on their file descriptor).
 const ASYNC_EVERY: u32 = 256;
-
-/// TCP keepalive on the liveness connection: first probe after this much
-/// silence (seconds)...
-const KEEPALIVE_IDLE_S: i32 = 10;
-/// ...then one probe every this many seconds...
-const KEEPALIVE_INTERVAL_S: i32 = 2;
-/// ...and the connection is declared dead after this many unanswered.
-const KEEPALIVE_PROBES: i32 = 5;
-/// The longest a dead host on an idle connection goes unnoticed:
-/// 10 s + 5 × 2 s = 20 s. Unacknowledged data (the handshake's last message)
-/// is bounded the same way by `TCP_USER_TIMEOUT`.
-pub const KEEPALIVE_BOUND: Duration =
-    Duration::from_secs((KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES) as u64);
 
 /// Where the chosen device, port and GID came from.
 #[derive(Debug, Clone)]
@@ -270,6 +259,19 @@ struct SideState {
 }
 
 impl Side {
+    /// An empty queue with its wake-up eventfd.
+    fn new() -> Result<Arc<Side>, FabricError> {
+        // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake_fd < 0 {
+            return Err(FabricError::io("eventfd", std::io::Error::last_os_error()));
+        }
+        Ok(Arc::new(Side {
+            state: Mutex::new(SideState::default()),
+            wake_fd,
+        }))
+    }
+
     fn lock(&self) -> MutexGuard<'_, SideState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -386,6 +388,8 @@ struct Inner {
     srq_limit_events: AtomicU64,
     /// Receives posted by top-ups after SRQ limit events.
     srq_topped_up: AtomicU64,
+    /// Watches the liveness connections of this context's queue pairs.
+    liveness: Liveness,
 }
 
 /// A completion queue of a [`VerbsFabric`]: a receive CQ and a send CQ
@@ -443,63 +447,6 @@ fn set_nonblocking(fd: i32, op: &'static str) -> Result<(), FabricError> {
     Ok(())
 }
 
-/// Turns on TCP keepalive (see [`KEEPALIVE_BOUND`]) and bounds how long
-/// sent data may stay unacknowledged, so a host that vanished without
-/// closing the connection is noticed on an idle connection too.
-fn set_keepalive(stream: &TcpStream) -> Result<(), FabricError> {
-    use std::os::fd::AsRawFd;
-    let fd = stream.as_raw_fd();
-    let user_timeout_ms = KEEPALIVE_BOUND.as_millis() as i32;
-    for (level, name, value, op) in [
-        (
-            libc::SOL_SOCKET,
-            libc::SO_KEEPALIVE,
-            1,
-            "setsockopt(SO_KEEPALIVE)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPIDLE,
-            KEEPALIVE_IDLE_S,
-            "setsockopt(TCP_KEEPIDLE)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPINTVL,
-            KEEPALIVE_INTERVAL_S,
-            "setsockopt(TCP_KEEPINTVL)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPCNT,
-            KEEPALIVE_PROBES,
-            "setsockopt(TCP_KEEPCNT)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            user_timeout_ms,
-            "setsockopt(TCP_USER_TIMEOUT)",
-        ),
-    ] {
-        // SAFETY: `fd` is the stream's open socket; the option value is a
-        // valid c_int whose size is passed along.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&value as *const i32).cast(),
-                std::mem::size_of::<i32>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(FabricError::io(op, std::io::Error::last_os_error()));
-        }
-    }
-    Ok(())
-}
-
 impl VerbsFabric {
     /// Opens the device the URL or environment selects (see module docs).
     pub fn open(url: &FabricUrl) -> Result<VerbsFabric, FabricError> {
@@ -532,6 +479,7 @@ impl VerbsFabric {
                 srq_deficit: 0.into(),
                 srq_limit_events: 0.into(),
                 srq_topped_up: 0.into(),
+                liveness: Liveness::default(),
             }),
         })
     }
@@ -864,23 +812,16 @@ impl VerbsFabric {
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "?".into());
-        let watcher = Watcher {
-            stream: stream
-                .try_clone()
-                .map_err(|e| FabricError::io("clone socket", e))?,
-            side,
-            qp_num: qp.qp_num(),
-            incarnation: qp.incarnation,
-        };
-        std::thread::Builder::new()
-            .name(format!("rpc-rdma-live-{}", qp.qp_num()))
-            .spawn(move || watcher.run())
-            .map_err(|e| FabricError::io("spawn liveness watcher", e))?;
+        let watched = self
+            .inner
+            .liveness
+            .watch(&stream, side, qp.qp_num(), qp.incarnation)?;
         Ok(Connected {
             qp: VerbsQp {
                 qp,
                 stream,
                 pending,
+                _watched: watched,
             },
             peer: peer.ring,
             peer_addr: format!("rdma://{peer_addr}"),
@@ -897,39 +838,6 @@ fn random_psn() -> u32 {
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
     (x as u32) & 0x00ff_ffff
-}
-
-/// Watches the handshake's TCP connection: EOF (or a keepalive timeout)
-/// means the peer is gone.
-struct Watcher {
-    stream: TcpStream,
-    side: Arc<Side>,
-    qp_num: u32,
-    incarnation: u64,
-}
-
-impl Watcher {
-    fn run(mut self) {
-        let mut buf = [0u8; 64];
-        // The peer never sends after the handshake: any read result but an
-        // interrupted one ends it.
-        while let Err(e) = self.stream.read(&mut buf) {
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                break;
-            }
-        }
-        // Not for a queue pair already dropped (this side closed it): its
-        // number may belong to another one by now.
-        let c = Completion {
-            wr_id: 0,
-            qp_num: self.qp_num,
-            kind: CompletionKind::Send,
-            status: WcStatus::RetryExceeded,
-        };
-        if self.side.push_if_live(Some(self.incarnation), c) {
-            tracing::debug!(qp_num = self.qp_num, "peer closed its liveness connection");
-        }
-    }
 }
 
 /// Memory registered with the device.
@@ -1060,6 +968,8 @@ pub struct VerbsQp {
     qp: LiveQp,
     stream: TcpStream,
     pending: Option<Hello>,
+    /// Watching `stream` for the peer's end; stops when dropped.
+    _watched: Watched,
 }
 
 impl std::fmt::Debug for VerbsQp {
@@ -1345,15 +1255,7 @@ impl Fabric for VerbsFabric {
         set_nonblocking(channel.fd(), "fcntl(comp channel)")?;
         let recv_cq = Arc::new(Cq::new(&i.ctx, i.cqe, channel.clone())?);
         let send_cq = Arc::new(Cq::new(&i.ctx, i.cqe, channel.clone())?);
-        // SAFETY: eventfd with valid flags; the fd is owned by `Side`.
-        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if wake_fd < 0 {
-            return Err(FabricError::io("eventfd", std::io::Error::last_os_error()));
-        }
-        let side = Arc::new(Side {
-            state: Mutex::new(SideState::default()),
-            wake_fd,
-        });
+        let side = Side::new()?;
         if let Some(why) = &*i.fatal.lock().unwrap_or_else(|e| e.into_inner()) {
             side.lock().fatal = Some(why.clone());
         }

@@ -3,6 +3,7 @@
 //! so they are ignored by a plain `cargo test`; `scripts/test` runs them
 //! (`--ignored rdma_`) inside the Soft-RoCE guest, where they must pass.
 
+use super::liveness::{KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES};
 use super::*;
 use crate::fabric::conformance::{self as c};
 

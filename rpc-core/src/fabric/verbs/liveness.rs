@@ -1,0 +1,434 @@
+//! Liveness of rdma:// connections: the handshake's TCP connection stays
+//! open for as long as the queue pair lives. When the peer process dies its
+//! kernel closes it, and TCP keepalive (see [`KEEPALIVE_BOUND`]) notices a
+//! dead host on an idle connection. Either way the connection fails with a
+//! completion made up on its completion queue, at once instead of at the
+//! next retry timeout.
+//!
+//! One thread per device context watches every liveness socket of that
+//! context through one epoll set ([`Liveness`]), so connections cost no
+//! thread each.
+
+use super::{Side, WcStatus};
+use crate::fabric::{Completion, CompletionKind, FabricError};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use slab::Slab;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+/// TCP keepalive on the liveness connection: first probe after this much
+/// silence (seconds)...
+pub(super) const KEEPALIVE_IDLE_S: i32 = 10;
+/// ...then one probe every this many seconds...
+pub(super) const KEEPALIVE_INTERVAL_S: i32 = 2;
+/// ...and the connection is declared dead after this many unanswered.
+pub(super) const KEEPALIVE_PROBES: i32 = 5;
+/// The longest a dead host on an idle connection goes unnoticed:
+/// 10 s + 5 × 2 s = 20 s. Unacknowledged data (the handshake's last message)
+/// is bounded the same way by `TCP_USER_TIMEOUT`.
+pub const KEEPALIVE_BOUND: Duration =
+    Duration::from_secs((KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES) as u64);
+
+/// The token of the waker that tells the watcher its context is gone.
+const WAKE: Token = Token(usize::MAX);
+
+/// Turns on TCP keepalive (see [`KEEPALIVE_BOUND`]) and bounds how long
+/// sent data may stay unacknowledged, so a host that vanished without
+/// closing the connection is noticed on an idle connection too.
+pub(super) fn set_keepalive(stream: &TcpStream) -> Result<(), FabricError> {
+    let fd = stream.as_raw_fd();
+    let user_timeout_ms = KEEPALIVE_BOUND.as_millis() as i32;
+    for (level, name, value, op) in [
+        (
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            1,
+            "setsockopt(SO_KEEPALIVE)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            KEEPALIVE_IDLE_S,
+            "setsockopt(TCP_KEEPIDLE)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            KEEPALIVE_INTERVAL_S,
+            "setsockopt(TCP_KEEPINTVL)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPCNT,
+            KEEPALIVE_PROBES,
+            "setsockopt(TCP_KEEPCNT)",
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            user_timeout_ms,
+            "setsockopt(TCP_USER_TIMEOUT)",
+        ),
+    ] {
+        // SAFETY: `fd` is the stream's open socket; the option value is a
+        // valid c_int whose size is passed along.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(FabricError::io(op, std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// The liveness watcher of one device context, started with its first
+/// connection.
+#[derive(Default)]
+pub(super) struct Liveness {
+    watch: OnceLock<Arc<Watch>>,
+}
+
+/// What the watcher thread and the connections share.
+struct Watch {
+    registry: Registry,
+    waker: Waker,
+    entries: Mutex<Slab<Entry>>,
+    /// Numbers the entries, so that a slot reused by another connection is
+    /// not taken for the one that had it.
+    next_id: AtomicU64,
+}
+
+/// One watched connection.
+struct Entry {
+    id: u64,
+    /// A handle of its own on the liveness socket: the queue pair's handle
+    /// may close while the watcher looks at this one.
+    stream: TcpStream,
+    side: Arc<Side>,
+    qp_num: u32,
+    incarnation: u64,
+}
+
+/// A connection being watched; dropping it stops watching.
+pub(super) struct Watched {
+    watch: Arc<Watch>,
+    key: usize,
+    id: u64,
+}
+
+impl Liveness {
+    /// Watches `stream` (a clone is kept): when it reports end of file or
+    /// an error, incarnation `incarnation` of queue pair `qp_num` fails on
+    /// `side` with a made-up `RetryExceeded` completion.
+    pub(super) fn watch(
+        &self,
+        stream: &TcpStream,
+        side: Arc<Side>,
+        qp_num: u32,
+        incarnation: u64,
+    ) -> Result<Watched, FabricError> {
+        let watch = match self.watch.get() {
+            Some(w) => w.clone(),
+            None => {
+                let started = Watch::start()?;
+                // Another connection may have started one meanwhile: keep
+                // the first (the other's thread exits when it is dropped).
+                self.watch.get_or_init(|| started).clone()
+            }
+        };
+        let stream = stream
+            .try_clone()
+            .map_err(|e| FabricError::io("clone socket", e))?;
+        let fd = stream.as_raw_fd();
+        let id = watch.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut entries = watch.entries();
+        let key = entries.insert(Entry {
+            id,
+            stream,
+            side,
+            qp_num,
+            incarnation,
+        });
+        if let Err(e) = watch
+            .registry
+            .register(&mut SourceFd(&fd), Token(key), Interest::READABLE)
+        {
+            entries.remove(key);
+            return Err(FabricError::io("register the liveness socket", e));
+        }
+        drop(entries);
+        Ok(Watched { watch, key, id })
+    }
+}
+
+impl Watch {
+    /// The epoll set and the thread that waits on it.
+    fn start() -> Result<Arc<Watch>, FabricError> {
+        let poll = Poll::new().map_err(|e| FabricError::io("epoll_create", e))?;
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(|e| FabricError::io("epoll registry", e))?;
+        let waker = Waker::new(poll.registry(), WAKE).map_err(|e| FabricError::io("eventfd", e))?;
+        let watch = Arc::new(Watch {
+            registry,
+            waker,
+            entries: Mutex::new(Slab::new()),
+            next_id: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&watch);
+        std::thread::Builder::new()
+            .name("rpc-rdma-live".into())
+            .spawn(move || run(poll, weak))
+            .map_err(|e| FabricError::io("spawn the liveness watcher", e))?;
+        Ok(watch)
+    }
+
+    fn entries(&self) -> MutexGuard<'_, Slab<Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // The thread holds only a weak reference: tell it to look.
+        let _ = self.waker.wake();
+    }
+}
+
+/// The watcher thread: until its context is gone, fails the connections
+/// whose liveness socket ends.
+fn run(mut poll: Poll, watch: Weak<Watch>) {
+    let mut events = Events::with_capacity(64);
+    loop {
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!(error = %e, "liveness watcher cannot wait; dead peers go unnoticed");
+            return;
+        }
+        let Some(watch) = watch.upgrade() else {
+            return;
+        };
+        let mut entries = watch.entries();
+        for event in &events {
+            let key = event.token().0;
+            if event.token() == WAKE || !entries.contains(key) {
+                continue;
+            }
+            if !ended(&entries[key].stream) {
+                continue;
+            }
+            let entry = entries.remove(key);
+            let _ = watch
+                .registry
+                .deregister(&mut SourceFd(&entry.stream.as_raw_fd()));
+            // Not for a queue pair already dropped (this side closed it):
+            // its number may belong to another one by now.
+            let c = Completion {
+                wr_id: 0,
+                qp_num: entry.qp_num,
+                kind: CompletionKind::Send,
+                status: WcStatus::RetryExceeded,
+            };
+            if entry.side.push_if_live(Some(entry.incarnation), c) {
+                tracing::debug!(qp_num = entry.qp_num, "peer closed its liveness connection");
+            }
+        }
+    }
+}
+
+/// Whether a liveness socket reported readable has ended: end of file, an
+/// error (a keepalive timeout, a reset) or bytes, which the peer never
+/// sends after the handshake. Only "nothing yet" keeps it watched.
+fn ended(stream: &TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: `buf` is valid for writes of its length; the socket is open
+        // (the entry owns it). MSG_DONTWAIT leaves the socket's blocking mode
+        // alone for the queue pair's own handle.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return true;
+        }
+        match std::io::Error::last_os_error().kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return false,
+            _ => return true,
+        }
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let mut entries = self.watch.entries();
+        if entries.get(self.key).is_some_and(|e| e.id == self.id) {
+            let entry = entries.remove(self.key);
+            let _ = self
+                .watch
+                .registry
+                .deregister(&mut SourceFd(&entry.stream.as_raw_fd()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Shutdown, TcpListener};
+    use std::time::Instant;
+
+    /// A connected pair of loopback sockets: (ours, the peer's).
+    fn socket_pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (peer, _) = listener.accept().unwrap();
+        (ours, peer)
+    }
+
+    /// A side on which queue pair `qp_num` is live as incarnation 1.
+    fn side_with(qp_nums: impl IntoIterator<Item = u32>) -> Arc<Side> {
+        let side = Side::new().unwrap();
+        side.lock().live.extend(qp_nums.into_iter().map(|q| (q, 1)));
+        side
+    }
+
+    /// The qp numbers of the made-up completions queued on `side`.
+    fn failed(side: &Side) -> Vec<u32> {
+        let st = side.lock();
+        assert!(
+            st.queue
+                .iter()
+                .all(|(_, c)| c.status == WcStatus::RetryExceeded)
+        );
+        st.queue.iter().map(|(_, c)| c.qp_num).collect()
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+            })
+            .count()
+    }
+
+    #[test]
+    fn one_thread_watches_every_connection_and_fails_only_the_ended_ones() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let liveness = Liveness::default();
+        let side = side_with(0..100);
+        let mut peers = Vec::new();
+        let mut watched = Vec::new();
+        for qp_num in 0..100 {
+            let (ours, peer) = socket_pair(&listener);
+            watched.push((
+                liveness.watch(&ours, side.clone(), qp_num, 1).unwrap(),
+                ours,
+            ));
+            peers.push(peer);
+        }
+        // (Other tests may run their own watcher meanwhile.)
+        assert!(threads_named("rpc-rdma-live") >= 1);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(failed(&side), Vec::<u32>::new(), "nobody ended yet");
+
+        // Peers 3 and 50 go away (their process died: the kernel closes).
+        drop(peers.remove(50));
+        drop(peers.remove(3));
+        wait_until("the two ended connections fail", || {
+            failed(&side).len() == 2
+        });
+        let mut got = failed(&side);
+        got.sort_unstable();
+        assert_eq!(got, [3, 50]);
+
+        // A peer that sends after the handshake breaks the protocol: failed too.
+        use std::io::Write;
+        peers[10].write_all(b"junk").unwrap();
+        wait_until("the talkative peer's connection fails", || {
+            failed(&side).len() == 3
+        });
+        assert_eq!(failed(&side)[2], 11);
+    }
+
+    #[test]
+    fn a_connection_no_longer_watched_is_not_failed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let liveness = Liveness::default();
+        let side = side_with([1, 2]);
+        let (ours1, peer1) = socket_pair(&listener);
+        let (ours2, peer2) = socket_pair(&listener);
+        let one = liveness.watch(&ours1, side.clone(), 1, 1).unwrap();
+        let _two = liveness.watch(&ours2, side.clone(), 2, 1).unwrap();
+        // This side closes connection 1 first, as dropping a queue pair does.
+        drop(one);
+        ours1.shutdown(Shutdown::Both).unwrap();
+        drop(peer1);
+        drop(peer2);
+        wait_until("connection 2 fails", || failed(&side) == [2]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(failed(&side), [2], "connection 1 was not watched any more");
+    }
+
+    #[test]
+    fn a_stale_incarnation_is_not_failed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let liveness = Liveness::default();
+        // Queue pair 7 is live as incarnation 1; a watcher of incarnation 0
+        // (a queue pair that had the number before) must not touch it.
+        let side = side_with([7, 8]);
+        let (old, old_peer) = socket_pair(&listener);
+        let (new, new_peer) = socket_pair(&listener);
+        let _old = liveness.watch(&old, side.clone(), 7, 0).unwrap();
+        let _new = liveness.watch(&new, side.clone(), 8, 1).unwrap();
+        drop(old_peer);
+        drop(new_peer);
+        wait_until("connection 8 fails", || failed(&side) == [8]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(failed(&side), [8]);
+    }
+
+    #[test]
+    fn the_watcher_thread_ends_with_its_context() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let liveness = Liveness::default();
+        let side = side_with([1]);
+        let (ours, _peer) = socket_pair(&listener);
+        let watched = liveness.watch(&ours, side, 1, 1).unwrap();
+        let weak = Arc::downgrade(liveness.watch.get().unwrap());
+        drop(watched);
+        drop(liveness);
+        assert!(
+            weak.upgrade().is_none(),
+            "the thread holds no strong reference"
+        );
+    }
+}
