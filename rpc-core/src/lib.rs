@@ -15,7 +15,7 @@
 //!
 //! struct Store;
 //! impl Kv for Store {
-//!     fn get(&self, r: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
+//!     async fn get(&self, r: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
 //!         Ok(Response::new(GetReply { value: None }))
 //!     }
 //!     // ...
@@ -31,8 +31,16 @@
 //! (the same semantics in software over TCP) or `mem://name` (in one
 //! process). Everything above the [`fabric`] is the same code for all three.
 //!
-//! Layers, top to bottom: [`client`] and [`server`] (the API), the dispatcher
-//! (one poller per context turning the completion queue), [`protocol`] (pure
+//! Handlers are `async fn`s that run to completion on the server's dispatcher
+//! thread that received the call (one dispatcher per CPU by default); one that
+//! awaits parks and lets its dispatcher go on. Blocking work belongs on the
+//! blocking pool: [`ServerBuilder::add_blocking_service`],
+//! [`ServerBuilder::blocking_method`] or [`blocking`]. Clients share one set
+//! of dispatchers per process, so a [`Channel`] is a connection, not a thread.
+//!
+//! Layers, top to bottom: [`client`] and [`server`] (the API), the
+//! dispatchers (each turning its own completion queue and running handler
+//! tasks), [`protocol`] (pure
 //! state: frame headers, doorbells, rings, credits, the call table),
 //! [`fabric`] (the `Fabric` trait and its implementations) and [`bootstrap`]
 //! (the connection handshake).

@@ -1,0 +1,291 @@
+//! The queue pair's life cycle: creation on a completion queue, the
+//! handshake's INIT -> RTR -> RTS transitions, posting writes, teardown.
+
+use super::*;
+
+impl VerbsFabric {
+    pub(super) fn hello(&self, qp: &Qp, psn: u32, local: &LocalSetup<'_, VerbsRegion>) -> Hello {
+        Hello {
+            fabric: HelloFabric::Rdma,
+            qp_num: qp.qp_num(),
+            psn,
+            lid: self.inner.choice.lid,
+            mtu: self.inner.choice.mtu as u8,
+            gid: self.inner.choice.gid,
+            ring: PeerRing {
+                addr: local.ring.addr(),
+                len: local.ring.len() as u64,
+                rkey: local.ring.rkey(),
+                max_message: local.max_message,
+            },
+        }
+    }
+
+    /// Creates a queue pair in INIT on `cq`, registered as live there (see
+    /// [`SideState`]).
+    pub(super) fn new_qp(&self, cq: &VerbsCq) -> Result<LiveQp, FabricError> {
+        let i = &self.inner;
+        let c = &cq.inner;
+        if let Some(why) = &*i.fatal.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(FabricError::unreachable("ibv_create_qp", why.clone()));
+        }
+        let mut attempts = 0;
+        let qp = loop {
+            let qp = Qp::new(
+                i.pd.clone(),
+                c.send_cq.clone(),
+                c.recv_cq.clone(),
+                i.srq.clone(),
+                SQ_DEPTH,
+            )?;
+            let mut st = c.side.lock();
+            if let Some(why) = &st.fatal {
+                return Err(FabricError::unreachable("ibv_create_qp", why.clone()));
+            }
+            let n = qp.qp_num();
+            if st.handed_out.contains(&n) {
+                // Each parked queue pair holds a distinct number of the last
+                // batch, so this ends within a batch's worth of attempts.
+                attempts += 1;
+                if attempts > st.handed_out.len() {
+                    return Err(FabricError::unreachable(
+                        "ibv_create_qp",
+                        "the device keeps handing out qp numbers still in use",
+                    ));
+                }
+                st.parked.push(qp);
+                continue;
+            }
+            let incarnation = st.next_incarnation;
+            st.next_incarnation += 1;
+            st.live.insert(n, incarnation);
+            break LiveQp {
+                qp,
+                incarnation,
+                side: c.side.clone(),
+            };
+        };
+        // SAFETY: plain old data; zero is valid.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = i.choice.port;
+        a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        use ffi::ibv_qp_attr_mask as m;
+        qp.qp.modify(
+            &mut a,
+            (m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS).0,
+            "ibv_modify_qp(INIT)",
+        )?;
+        Ok(qp)
+    }
+
+    /// Moves `qp` to RTR then RTS towards `peer`.
+    pub(super) fn connect_qp(&self, qp: &Qp, psn: u32, peer: &Hello) -> Result<(), FabricError> {
+        let c = &self.inner.choice;
+        use ffi::ibv_qp_attr_mask as m;
+        // SAFETY: plain old data; zero is valid.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
+        // Both ends must agree on a path MTU the smaller netdev carries.
+        a.path_mtu = if peer.mtu == 0 {
+            c.mtu
+        } else {
+            c.mtu.min(peer.mtu as ffi::ibv_mtu)
+        };
+        a.dest_qp_num = peer.qp_num;
+        a.rq_psn = peer.psn;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 12;
+        a.ah_attr.port_num = c.port;
+        a.ah_attr.dlid = peer.lid;
+        if c.ethernet || (peer.lid == 0 && peer.gid.iter().any(|&b| b != 0)) {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid.raw = peer.gid;
+            a.ah_attr.grh.sgid_index = c.gid_index;
+            a.ah_attr.grh.hop_limit = 64;
+        }
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_DEST_QPN
+            | m::IBV_QP_RQ_PSN
+            | m::IBV_QP_MAX_DEST_RD_ATOMIC
+            | m::IBV_QP_MIN_RNR_TIMER;
+        qp.modify(&mut a, mask.0, "ibv_modify_qp(RTR)")?;
+        // SAFETY: plain old data; zero is valid.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7; // retry forever: the SRQ is refilled, RNR only delays
+        a.sq_psn = psn;
+        a.max_rd_atomic = 1;
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY
+            | m::IBV_QP_SQ_PSN
+            | m::IBV_QP_MAX_QP_RD_ATOMIC;
+        qp.modify(&mut a, mask.0, "ibv_modify_qp(RTS)")
+    }
+
+    pub(super) fn finish(
+        &self,
+        stream: TcpStream,
+        qp: LiveQp,
+        peer: Hello,
+        pending: Option<Hello>,
+    ) -> Result<Connected<VerbsQp>, FabricError> {
+        let side = qp.side.clone();
+        stream
+            .set_read_timeout(None)
+            .map_err(|e| FabricError::io("set_read_timeout", e))?;
+        set_keepalive(&stream)?;
+        let peer_addr = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        let watched = self
+            .inner
+            .liveness
+            .watch(&stream, side, qp.qp_num(), qp.incarnation)?;
+        Ok(Connected {
+            qp: VerbsQp {
+                qp,
+                stream,
+                pending,
+                _watched: watched,
+            },
+            peer: peer.ring,
+            peer_addr: format!("rdma://{peer_addr}"),
+        })
+    }
+}
+
+pub(super) fn random_psn() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = t ^ (std::process::id() as u64).rotate_left(32);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    (x as u32) & 0x00ff_ffff
+}
+
+/// A connected RC queue pair, with its liveness connection.
+pub struct VerbsQp {
+    pub(super) qp: LiveQp,
+    pub(super) stream: TcpStream,
+    pub(super) pending: Option<Hello>,
+    /// Watching `stream` for the peer's end; stops when dropped.
+    pub(super) _watched: Watched,
+}
+
+impl std::fmt::Debug for VerbsQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsQp")
+            .field("qp_num", &self.qp.qp_num())
+            .finish()
+    }
+}
+
+impl QueuePair for VerbsQp {
+    type Region = VerbsRegion;
+
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    fn post_write_imm(&mut self, wr: &WriteImm<'_, VerbsRegion>) -> Result<(), FabricError> {
+        self.post_write_imm_batch(1, |_| WriteImm { ..*wr })
+    }
+
+    /// Chains up to `MAX_CHAIN` (16) work requests per `ibv_post_send`: one
+    /// doorbell for the lot.
+    fn post_write_imm_batch<'a>(
+        &mut self,
+        count: usize,
+        wr: impl Fn(usize) -> WriteImm<'a, VerbsRegion>,
+    ) -> Result<(), FabricError> {
+        let mut first = 0;
+        while first < count {
+            let n = (count - first).min(MAX_CHAIN);
+            // SAFETY: plain old data; zero is valid.
+            let mut sges: [ffi::ibv_sge; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+            // SAFETY: plain old data; zero is valid.
+            let mut wrs: [ffi::ibv_send_wr; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+            for i in 0..n {
+                let wr = wr(first + i);
+                let w = &mut wrs[i];
+                let mut len = 0;
+                if let Some((region, off, l)) = wr.local {
+                    assert!(
+                        off.checked_add(l).is_some_and(|end| end <= region.len()),
+                        "write source out of region bounds"
+                    );
+                    sges[i] = ffi::ibv_sge {
+                        addr: region.addr() + off as u64,
+                        length: l as u32,
+                        lkey: region.mr.lkey(),
+                    };
+                    w.num_sge = 1;
+                    len = l;
+                }
+                w.wr_id = wr.wr_id;
+                w.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                let mut flags = 0;
+                if wr.signaled {
+                    flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
+                if len > 0 && len <= self.qp.qp.max_inline as usize {
+                    flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+                w.send_flags = flags;
+                w.__bindgen_anon_1.imm_data = wr.imm.to_be();
+                w.wr.rdma.remote_addr = wr.remote_addr;
+                w.wr.rdma.rkey = wr.rkey;
+            }
+            // Link the chain and the SGEs now that the arrays stay put.
+            for i in 0..n {
+                if wrs[i].num_sge > 0 {
+                    wrs[i].sg_list = &mut sges[i];
+                }
+                if i + 1 < n {
+                    wrs[i].next = &mut wrs[i + 1];
+                }
+            }
+            // SAFETY: the chain's `n` requests and their SGEs live on this
+            // stack frame for the call (verbs copies them). Each SGE names a
+            // registered region of this context's PD; the dispatcher keeps
+            // the region alive longer than the queue pair and reuses its
+            // bytes only after the peer released them (which implies the
+            // write was executed).
+            unsafe { self.qp.qp.post_send(&mut wrs[0]) }?;
+            first += n;
+        }
+        Ok(())
+    }
+
+    fn send_queue_depth(&self) -> usize {
+        self.qp.qp.sq_depth as usize
+    }
+
+    fn established(&mut self) -> Result<(), FabricError> {
+        if let Some(hello) = self.pending.take() {
+            bootstrap::send(&mut self.stream, &hello)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for VerbsQp {
+    fn drop(&mut self) {
+        // Retired first, so our own watcher, woken by the shutdown, queues
+        // nothing; the queue pair itself is destroyed after this (field drop).
+        self.qp.retire();
+        // The peer's watcher sees EOF: its side of the connection fails now.
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
