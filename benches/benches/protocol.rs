@@ -2,8 +2,8 @@
 //! the protocol layer on the way out and back in.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use rpc_core::protocol::credits::apply_ack;
-use rpc_core::protocol::{
+use rpc_core::testing::protocol::credits::apply_ack;
+use rpc_core::testing::protocol::{
     CallId, CallTable, CreditReturn, Doorbell, FrameKind, HEADER_LEN, Header, RecvRing, SendRing,
 };
 use std::hint::black_box;
@@ -55,7 +55,7 @@ fn rings(c: &mut Criterion) {
         let mut credits = CreditReturn::new(CAP);
         b.iter(|| {
             let slot = send.reserve(black_box(96)).unwrap().unwrap();
-            let units = (slot.offset / rpc_core::protocol::ALIGN) as u32;
+            let units = (slot.offset / rpc_core::testing::protocol::ALIGN) as u32;
             let at = recv.locate(units).unwrap();
             recv.consume(at, 96).unwrap();
             credits.on_consumed(recv.consumed());

@@ -20,7 +20,9 @@ use rpc_core::fabric::{
     Completion, CompletionKind, CompletionQueue, Fabric, FabricError, FabricUrl, LocalSetup,
     PeerRing, QueuePair, Region, WcStatus, WriteImm,
 };
-use rpc_core::protocol::{ALIGN, CallId, Doorbell, FrameKind, HEADER_LEN, Header, align_up};
+use rpc_core::testing::protocol::{
+    ALIGN, CallId, Doorbell, FrameKind, HEADER_LEN, Header, align_up,
+};
 use rpc_core::{Code, ServerHandle};
 use std::time::{Duration, Instant};
 
@@ -426,7 +428,7 @@ on_soft_fabrics! {
 /// `WRITE` messages.
 mod tcp_wire {
     use super::*;
-    use rpc_core::bootstrap::{HELLO_LEN, Hello, HelloFabric};
+    use rpc_core::testing::bootstrap::{HELLO_LEN, Hello, HelloFabric};
     use std::io::{ErrorKind, Read, Write};
     use std::net::TcpStream;
 
@@ -555,7 +557,7 @@ mod tcp_wire {
 /// A peer that completes the handshake and then stops reading.
 mod stalled_peer {
     use super::*;
-    use rpc_core::bootstrap::{HELLO_LEN, Hello, HelloFabric};
+    use rpc_core::testing::bootstrap::{HELLO_LEN, Hello, HelloFabric};
     use std::io::{Read, Write};
 
     #[test]

@@ -14,7 +14,7 @@ use examples::kv::kv_server::KvServer;
 use examples::kv::{DeleteRequest, Entry, GetRequest, PutRequest, ScanRequest};
 use examples::services::{EchoService, KvStore};
 use futures::FutureExt;
-use rpc_core::protocol::{ALIGN, HEADER_LEN};
+use rpc_core::testing::protocol::{ALIGN, HEADER_LEN};
 use rpc_core::{Channel, Code, Request, Response, Server, Status, UnaryCall};
 use std::time::{Duration, Instant};
 

@@ -1,10 +1,10 @@
 //! The client side: [`Channel`] and [`UnaryCall`].
 
+use crate::descriptor::MethodDescriptor;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
 use crate::protocol::{CallId, CallTable, FrameKind};
-use crate::server::MethodDescriptor;
 use crate::{Code, Metadata, Request, Response, Status};
 use std::fmt;
 use std::future::Future;
@@ -84,7 +84,7 @@ struct ClientRuntime<F: Fabric> {
 
 impl<F: Fabric> ClientRuntime<F> {
     fn start(fabric: F, name: &str) -> Result<ClientRuntime<F>, Status> {
-        let n = crate::server::available_cores();
+        let n = crate::dispatch::available_cores();
         let mut endpoints = Vec::with_capacity(n);
         for i in 0..n {
             let ep = Endpoint::new(
@@ -425,7 +425,7 @@ impl<F: Fabric> Client<F> {
         let sent = self
             .conn
             .send_corked(&frame, request.fail_fast(), &mut |buf| {
-                encode_exact(message, buf)
+                crate::dispatch::encode_exact(message, buf)
             });
         match sent {
             Ok(true) => self.ep.corked(&self.conn),
@@ -443,12 +443,6 @@ impl<F: Fabric> Client<F> {
             send_cancel(&self.conn, id);
         }
     }
-}
-
-/// Encodes `message` into a buffer of exactly its encoded length.
-pub(crate) fn encode_exact(message: &impl prost::Message, mut buf: &mut [u8]) {
-    message.encode_raw(&mut buf);
-    debug_assert!(buf.is_empty(), "encoded_len disagreed with encode");
 }
 
 fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {

@@ -1387,6 +1387,18 @@ impl<F: Fabric> SendState<F> {
     }
 }
 
+/// The number of CPUs this process may use (at least 1): the default
+/// number of dispatchers, for servers and for the client runtime.
+pub(crate) fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// Encodes `message` into a buffer of exactly its encoded length.
+pub(crate) fn encode_exact(message: &impl prost::Message, mut buf: &mut [u8]) {
+    message.encode_raw(&mut buf);
+    debug_assert!(buf.is_empty(), "encoded_len disagreed with encode");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,25 +40,39 @@
 //!
 //! Layers, top to bottom: [`client`] and [`server`] (the API), the
 //! dispatchers (each turning its own completion queue and running handler
-//! tasks), [`protocol`] (pure
+//! tasks), `protocol` (pure
 //! state: frame headers, doorbells, rings, credits, the call table),
-//! [`fabric`] (the `Fabric` trait and its implementations) and [`bootstrap`]
-//! (the connection handshake).
+//! [`fabric`] (the `Fabric` trait, its implementations and `bootstrap`,
+//! the connection handshake).
 #![deny(unsafe_code)]
 
 mod blocking;
-pub mod bootstrap;
 pub mod client;
 pub mod codegen;
+mod descriptor;
 mod dispatch;
 mod executor;
 pub mod fabric;
 mod idmap;
 mod metadata;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub mod protocol;
+#[cfg(not(feature = "testing"))]
+mod protocol;
 mod request;
 pub mod server;
 mod status;
+
+/// Internals for this workspace's tests and benchmarks (feature `testing`):
+/// the wire protocol's pure state and the connection handshake, to build
+/// misbehaving peers and measure the protocol core. Not a stable API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::fabric::bootstrap;
+    pub use crate::protocol;
+}
 
 pub use blocking::{Blocking, blocking};
 pub use client::ChannelBuilder;

@@ -1,7 +1,7 @@
 //! The server side: [`Server`], [`Service`], [`ServerCall`] and [`ServerHandle`].
 
 use crate::blocking::BlockingPool;
-use crate::client::encode_exact;
+use crate::dispatch::encode_exact;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role};
 use crate::executor::{self, Executor, panic_message};
 use crate::fabric::soft::SoftFabric;
@@ -18,25 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Describes one rpc of a service.
-#[derive(Debug)]
-pub struct MethodDescriptor {
-    /// The rpc's name as written in the .proto file (`Get`).
-    pub name: &'static str,
-    /// `/package.Service/Method`.
-    pub path: &'static str,
-    /// Stable id: [`crate::codegen::method_id`] of `path`.
-    pub id: u32,
-}
-
-/// Describes a service: its full name and its rpcs.
-#[derive(Debug)]
-pub struct ServiceDescriptor {
-    /// `package.Service`.
-    pub name: &'static str,
-    /// The rpcs.
-    pub methods: &'static [MethodDescriptor],
-}
+pub use crate::descriptor::{MethodDescriptor, ServiceDescriptor};
 
 /// A service a [`Server`] can host. Generated `FooServer<T>` wrappers
 /// implement it; it can be implemented by hand too.
@@ -287,11 +269,6 @@ impl Drop for ServerCall {
 #[derive(Debug)]
 pub struct Server;
 
-/// The number of CPUs this process may use (at least 1).
-pub(crate) fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
-}
-
 impl Server {
     /// A builder with default settings.
     pub fn builder() -> ServerBuilder {
@@ -299,8 +276,8 @@ impl Server {
             services: Vec::new(),
             blocking_methods: Vec::new(),
             config: Config::default(),
-            dispatchers: available_cores(),
-            blocking_threads: available_cores().max(4),
+            dispatchers: crate::dispatch::available_cores(),
+            blocking_threads: crate::dispatch::available_cores().max(4),
             #[cfg(feature = "tokio")]
             tokio: None,
         }
@@ -436,7 +413,7 @@ impl ServerBuilder {
         let mut routes: HashMap<u32, (&'static str, Route)> = HashMap::new();
         for (svc, blocking) in &self.services {
             for m in svc.descriptor().methods {
-                let expected = crate::codegen::method_id(m.path);
+                let expected = crate::descriptor::method_id(m.path);
                 if m.id != expected {
                     return Err(Status::invalid_argument(format!(
                         "{} claims id {:#010x} but its id is {expected:#010x}: regenerate the code",

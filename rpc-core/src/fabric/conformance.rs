@@ -26,6 +26,10 @@ pub(crate) struct Pair<F: Fabric> {
     pub listener: F::Listener,
     /// Completions polled while waiting for the other side's: server's, client's.
     stash: std::sync::Mutex<[std::collections::VecDeque<Completion>; 2]>,
+    /// Whether waiting for one end's completion polls the other end's queue
+    /// too (the default, which software fabrics need). A device acts by
+    /// itself: a check that must leave a queue unpolled turns this off.
+    pub poll_both: bool,
 }
 
 /// Which end of a [`Pair`].
@@ -51,6 +55,9 @@ impl<F: Fabric> Pair<F> {
                     return c;
                 }
                 for (j, cq) in [&self.scq, &self.ccq].into_iter().enumerate() {
+                    if j != i && !self.poll_both {
+                        continue;
+                    }
                     out.clear();
                     cq.poll(&mut out, 64);
                     stash[j].extend(out.iter().copied());
@@ -134,6 +141,7 @@ pub(crate) fn pair<F: Fabric>(server: F, client: F, url: &str) -> Pair<F> {
         staging,
         listener,
         stash: Default::default(),
+        poll_both: true,
     }
 }
 

@@ -19,6 +19,11 @@
 //! onto `ibverbs`. Everything above the fabric is generic over [`Fabric`],
 //! so tests on `mem://` run the real rings, credits and dispatcher.
 
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod bootstrap;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod bootstrap;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;

@@ -203,6 +203,7 @@ impl<T> CallTable<T> {
     }
 
     /// Removes every live call (for a connection that failed), in index order.
+    #[cfg(any(test, feature = "testing"))]
     pub fn drain(&mut self) -> Vec<(CallId, T)> {
         self.deadlines.clear();
         self.timed = 0;
@@ -237,6 +238,7 @@ impl<T> CallTable<T> {
     }
 
     /// Responses dropped because their id was not live.
+    #[cfg(any(test, feature = "testing"))]
     pub fn stale(&self) -> u64 {
         self.stale
     }

@@ -28,8 +28,14 @@ pub mod ring;
 #[cfg(test)]
 mod sim;
 
+// Some of these are used only by tests, benchmarks and the workspace's
+// misbehaving peers (through `rpc_core::testing`).
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use calls::{CallId, CallTable};
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use credits::{CreditError, CreditReturn};
 pub use doorbell::Doorbell;
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use header::{FrameKind, HEADER_LEN, Header, HeaderError, VERSION};
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use ring::{ALIGN, RecvRing, RingError, SendRing, Slot, align_up};

@@ -204,6 +204,7 @@ impl SendRing {
     }
 
     /// Ring size in bytes.
+    #[cfg(any(test, feature = "testing"))]
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -233,6 +234,7 @@ impl SendRing {
     }
 
     /// Whether `reserve(len)` would succeed now, without reserving.
+    #[cfg(any(test, feature = "testing"))]
     pub fn fits(&self, len: usize) -> bool {
         matches!(self.plan(len), Ok(Some(_)))
     }
@@ -253,6 +255,7 @@ impl SendRing {
     }
 
     /// Cumulative bytes reserved.
+    #[cfg(any(test, feature = "testing"))]
     pub fn head(&self) -> u64 {
         self.head
     }
@@ -313,6 +316,7 @@ impl RecvRing {
     }
 
     /// Ring size in bytes.
+    #[cfg(any(test, feature = "testing"))]
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -1,6 +1,6 @@
 //! `tcp://host:port`: the soft fabric across processes and machines.
 //!
-//! After the [`bootstrap`](crate::bootstrap) handshake, the TCP connection
+//! After the [`bootstrap`](crate::fabric::bootstrap) handshake, the TCP connection
 //! carries three messages:
 //!
 //! - `WRITE`: `tag=1` (unsignaled) or `tag=3` (signaled), `wr_id u64,
@@ -23,7 +23,7 @@
 //! allocated on a peer's say-so.
 
 use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
-use crate::bootstrap::{self, Hello, HelloFabric};
+use crate::fabric::bootstrap::{self, Hello, HelloFabric};
 use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
     WcStatus, WriteImm,
@@ -914,7 +914,7 @@ impl TcpWire {
 }
 
 /// Listens on `tcp://host:port`.
-pub type TcpListener = crate::bootstrap::Acceptor;
+pub type TcpListener = crate::fabric::bootstrap::Acceptor;
 
 fn local_hello(qp_num: u32, local: &LocalSetup<'_, SoftRegion>) -> Hello {
     Hello {

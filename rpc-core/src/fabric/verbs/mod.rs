@@ -59,7 +59,7 @@ use super::{
     Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError, FabricErrorKind,
     FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus, WriteImm,
 };
-use crate::bootstrap::{self, Acceptor, Hello, HelloFabric};
+use crate::fabric::bootstrap::{self, Acceptor, Hello, HelloFabric};
 use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

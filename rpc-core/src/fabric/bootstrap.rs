@@ -26,6 +26,7 @@ pub enum HelloFabric {
     /// The soft fabric over TCP: the same connection then carries the writes.
     Tcp = 1,
     /// Real RDMA: the connection stays open as a liveness channel.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     Rdma = 2,
 }
 
