@@ -25,11 +25,16 @@ const POLL_BATCH: usize = 64;
 /// Longest the poller thread naps while a caller polls in its place: a bound
 /// on how late it notices that nobody polls any more, should every wake-up
 /// meant for it be missed.
-const CALLER_POLL_NAP: Duration = Duration::from_millis(1);
+const CALLER_POLL_NAP: Duration = Duration::from_millis(5);
 /// While callers' futures poll the queue themselves (see
-/// [`Endpoint::try_progress`]), the poller thread naps this long at a time
-/// instead of competing with them for the queue and a core.
-const FUTURE_POLL_NAP: Duration = Duration::from_micros(100);
+/// [`Endpoint::try_progress`]), or callers did moments ago, the poller
+/// thread naps this long at a time
+/// instead of competing with them for the queue and a core. A future that
+/// stops polling says so ([`Endpoint::ensure_polled`]), so this too only
+/// bounds how late a missed wake-up is noticed: each nap costs a wake-up,
+/// which on a loaded core (or an emulated one) takes a core from the
+/// threads doing the work.
+const SELF_POLL_NAP: Duration = Duration::from_millis(5);
 /// Waits a moment in a spin loop; now and then lets another thread run
 /// (one that delivers completions may share this core).
 fn spin_pause(spins: &mut u32) {
@@ -195,8 +200,10 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     /// Receives posted for connections since closed: consumed receives up
     /// to this many are not replenished.
     surplus_recvs: AtomicU64,
-    /// When a caller's future last turned the queue itself (ns since `epoch`).
-    last_future_poll: AtomicU64,
+    /// When a caller (blocked in `wait`, or its future) last turned the
+    /// queue itself (ns since `epoch`; 0: one stopped and asked the poller
+    /// to take over).
+    last_self_poll: AtomicU64,
     /// Connections handled by this dispatcher.
     load: AtomicUsize,
     /// Connections whose writes wait for an uncork ([`Conn::send_corked`]):
@@ -253,7 +260,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 timer_hint: AtomicU64::new(u64::MAX),
                 epoch: Instant::now(),
                 surplus_recvs: AtomicU64::new(0),
-                last_future_poll: AtomicU64::new(0),
+                last_self_poll: AtomicU64::new(0),
                 load: AtomicUsize::new(0),
                 corked: Mutex::new(Vec::new()),
                 any_corked: AtomicBool::new(false),
@@ -428,6 +435,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// Makes sure the poller thread polls if no caller does: called before
     /// a caller waits for a response without polling itself.
     pub(crate) fn ensure_polled(&self) {
+        // A future giving up on polling: the poller need not wait for the
+        // futures' polls to grow old before it takes over again.
+        self.last_self_poll.store(0, Ordering::SeqCst);
         if self.poller_napping.load(Ordering::SeqCst) {
             self.unpark_poller();
         }
@@ -555,6 +565,12 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             }
             spin_pause(&mut spins);
         };
+        // A caller that got its response is likely to make the next call
+        // soon (a synchronous loop): the poller keeps napping meanwhile
+        // instead of arming the queue and being woken by that call's
+        // response, which its caller handles anyway.
+        self.last_self_poll
+            .store(self.nanos(Instant::now()).max(1), Ordering::SeqCst);
         let last = counted.leave();
         if last && (!finished || others_waiting()) {
             self.ensure_polled();
@@ -570,8 +586,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let Some(mut st) = self.try_poll_state() else {
             return false;
         };
-        self.last_future_poll
-            .store(self.nanos(Instant::now()).max(1), Ordering::Relaxed);
+        self.last_self_poll
+            .store(self.nanos(Instant::now()).max(1), Ordering::SeqCst);
         self.turn(&mut st);
         true
     }
@@ -595,23 +611,24 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             self.flush_corked();
-            let future_polled = {
-                let last = self.last_future_poll.load(Ordering::Relaxed);
+            let self_polled = || {
+                let last = self.last_self_poll.load(Ordering::SeqCst);
                 last != 0
                     && self.nanos(Instant::now()).saturating_sub(last)
-                        < FUTURE_POLL_NAP.as_nanos() as u64 * 4
+                        < SELF_POLL_NAP.as_nanos() as u64 * 4
             };
-            if self.callers_polling.load(Ordering::SeqCst) > 0 || future_polled {
-                // Say so, then look once more: the last caller may have
-                // stopped before it could see the flag.
+            if self.callers_polling.load(Ordering::SeqCst) > 0 || self_polled() {
+                // Say so, then look once more: the last caller (or future)
+                // may have stopped before it could see the flag.
                 self.poller_napping.store(true, Ordering::SeqCst);
-                if self.callers_polling.load(Ordering::SeqCst) > 0 || future_polled {
+                let callers = self.callers_polling.load(Ordering::SeqCst) > 0;
+                if callers || self_polled() {
                     let now = Instant::now();
                     next_tick = self.tick(next_tick, now);
-                    let cap = if future_polled {
-                        FUTURE_POLL_NAP
-                    } else {
+                    let cap = if callers {
                         CALLER_POLL_NAP
+                    } else {
+                        SELF_POLL_NAP
                     };
                     let nap = next_tick
                         .saturating_duration_since(now)

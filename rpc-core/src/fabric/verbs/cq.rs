@@ -40,16 +40,16 @@ impl VerbsFabric {
         out: &mut Vec<Completion>,
         max: usize,
     ) -> usize {
-        // SAFETY: ibv_wc is plain old data; zero is valid.
-        let mut wcs: [ffi::ibv_wc; WC_BATCH] = unsafe { std::mem::zeroed() };
-        let n = match cq.poll(&mut wcs[..max.min(WC_BATCH)]) {
-            Ok(n) => n,
+        let mut wcs = [const { std::mem::MaybeUninit::<ffi::ibv_wc>::uninit() }; WC_BATCH];
+        let polled = match cq.poll(&mut wcs[..max.min(WC_BATCH)]) {
+            Ok(polled) => polled,
             Err(e) => {
                 tracing::error!(error = %e, "polling a completion queue failed");
                 return 0;
             }
         };
-        for wc in &wcs[..n] {
+        let n = polled.len();
+        for wc in polled {
             if !live.contains_key(&wc.qp_num) {
                 // Left in the CQ by a queue pair since destroyed (mlx5 cleans
                 // them out at destroy, rxe does not): nothing wants it.

@@ -6,6 +6,7 @@
 use super::ffi;
 use crate::fabric::FabricError;
 use std::alloc::Layout;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -213,23 +214,32 @@ impl Cq {
         })
     }
 
-    /// Polls up to `wcs.len()` completions; returns how many were written.
-    pub(super) fn poll(&self, wcs: &mut [ffi::ibv_wc]) -> Result<usize, FabricError> {
+    /// Polls up to `wcs.len()` completions into `wcs` (which need not be
+    /// initialised: an empty poll, the common case of a spinning poller,
+    /// then writes nothing); returns the completions written.
+    pub(super) fn poll<'a>(
+        &self,
+        wcs: &'a mut [MaybeUninit<ffi::ibv_wc>],
+    ) -> Result<&'a [ffi::ibv_wc], FabricError> {
         let cq = self.ptr.as_ptr();
         // SAFETY: ibv_poll_cq is static inline in verbs.h: it calls the
         // provider's op from the context's ops table, which is what we do. The
-        // CQ is alive and `wcs` has room for the count passed.
+        // CQ is alive and `wcs` has room for the count passed; the provider
+        // only writes entries.
         let n = unsafe {
             let poll = (*(*cq).context)
                 .ops
                 .poll_cq
                 .ok_or_else(|| FabricError::invalid("ibv_poll_cq", "provider has no poll_cq"))?;
-            poll(cq, wcs.len() as i32, wcs.as_mut_ptr())
+            poll(cq, wcs.len() as i32, wcs.as_mut_ptr().cast())
         };
         if n < 0 {
             return Err(rc_error("ibv_poll_cq", n));
         }
-        Ok(n as usize)
+        let n = (n as usize).min(wcs.len());
+        // SAFETY: the provider wrote the first `n` entries, and `ibv_wc` is
+        // plain old data.
+        Ok(unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ffi::ibv_wc>(), n) })
     }
 
     /// Arms the CQ: the next completion makes the channel readable.
