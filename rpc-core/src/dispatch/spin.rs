@@ -1,0 +1,98 @@
+//! When pollers and callers spin, nap or sleep: the spinning policy.
+
+use super::*;
+
+/// Longest the poller thread naps while a caller polls in its place: a bound
+/// on how late it notices that nobody polls any more, should every wake-up
+/// meant for it be missed.
+pub(super) const CALLER_POLL_NAP: Duration = Duration::from_millis(5);
+/// While callers' futures poll the queue themselves (see
+/// [`Endpoint::try_progress`]), or callers did moments ago, the poller
+/// thread naps this long at a time
+/// instead of competing with them for the queue and a core. A future that
+/// stops polling says so ([`Endpoint::ensure_polled`]), so this too only
+/// bounds how late a missed wake-up is noticed: each nap costs a wake-up,
+/// which on a loaded core (or an emulated one) takes a core from the
+/// threads doing the work.
+pub(super) const SELF_POLL_NAP: Duration = Duration::from_millis(5);
+/// Waits a moment in a spin loop; now and then lets another thread run
+/// (one that delivers completions may share this core).
+pub(super) fn spin_pause(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if *spins % 64 == 0 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// Longest wait that adaptive spinning covers: beyond it, sleeping is
+/// cheaper than spinning.
+pub(super) const ADAPTIVE_SPIN_MAX: Duration = Duration::from_millis(1);
+
+/// Spin-then-block that adapts to the traffic: a moving average of how long
+/// waits took. While waits are short (up to [`ADAPTIVE_SPIN_MAX`]), a poller
+/// spins for up to twice that average, so it is still spinning when the
+/// next completion comes instead of paying a sleep and a wake-up for it;
+/// when they are long (an idle server, slow handlers), it spins only for
+/// the configured time before it blocks.
+#[derive(Debug, Default)]
+pub(crate) struct AdaptiveSpin {
+    /// Moving average of recent waits, ns (1/8 weight per new one).
+    pub(super) average_ns: AtomicU64,
+}
+
+impl AdaptiveSpin {
+    /// Notes how long a wait took.
+    pub(crate) fn record(&self, wait: Duration) {
+        let new = wait.as_nanos().min(u64::MAX as u128) as u64;
+        let old = self.average_ns.load(Ordering::Relaxed);
+        // Races between recorders only lose a sample.
+        self.average_ns
+            .store(old - old / 8 + new / 8, Ordering::Relaxed);
+    }
+
+    /// How long to spin, at least `base`.
+    pub(crate) fn budget(&self, base: Duration) -> Duration {
+        let average = Duration::from_nanos(self.average_ns.load(Ordering::Relaxed));
+        if average > ADAPTIVE_SPIN_MAX {
+            base
+        } else {
+            base.max(average * 2).min(base.max(ADAPTIVE_SPIN_MAX))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_spin_covers_short_waits_only() {
+        let base = Duration::from_micros(50);
+        let spin = AdaptiveSpin::default();
+        assert_eq!(spin.budget(base), base, "no history: the configured spin");
+        for _ in 0..64 {
+            spin.record(Duration::from_micros(200));
+        }
+        let b = spin.budget(base);
+        assert!(
+            b > Duration::from_micros(300) && b <= Duration::from_micros(400),
+            "short waits: spin about twice as long, got {b:?}"
+        );
+        for _ in 0..64 {
+            spin.record(Duration::from_millis(20));
+        }
+        assert_eq!(
+            spin.budget(base),
+            base,
+            "long waits: back to the configured spin"
+        );
+        let long_base = Duration::from_millis(5);
+        assert_eq!(
+            spin.budget(long_base),
+            long_base,
+            "never below the configured spin"
+        );
+    }
+}
