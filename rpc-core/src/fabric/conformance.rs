@@ -298,41 +298,69 @@ pub(crate) fn below_the_start(p: &PeerRing) -> (u64, u32) {
     (p.addr - 64, p.rkey)
 }
 
+/// A second client's connection to a [`Pair`]'s server, kept alive while
+/// its writes complete.
+struct Second<F: Fabric> {
+    /// The server's queue pair of this connection.
+    sqp: F::Qp,
+    /// The server's receive ring of this connection.
+    _s_ring: F::Region,
+    _cqp: F::Qp,
+    _ring: F::Region,
+    _staging: F::Region,
+    _ccq: F::Cq,
+}
+
+/// Connects `client` to the pair's server, the server's queue pair on
+/// `scq` (default: the pair's); posts two receives, then writes 8 bytes
+/// with immediate 11 from the pair's client and with immediate 22 from the
+/// new one.
+fn second_client_writes<F: Fabric>(p: &mut Pair<F>, client: &F, scq: Option<&F::Cq>) -> Second<F> {
+    let scq = scq.unwrap_or(&p.scq);
+    let ring = client.register(RING, true).unwrap();
+    let staging = client.register(RING, false).unwrap();
+    let ccq = client.create_cq().unwrap();
+    let (sqp, s_ring, mut cqp, peer) = connect(&p.server, scq, &p.listener, client, &ccq, &ring);
+    p.server.post_recv(2).unwrap();
+    p.staging.write(0, 8, |b| b.fill(1));
+    staging.write(0, 8, |b| b.fill(2));
+    p.cqp
+        .post_write_imm(&write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 11))
+        .unwrap();
+    cqp.post_write_imm(&write(&staging, &peer, 0, 8, peer.rkey, 22))
+        .unwrap();
+    Second {
+        sqp,
+        _s_ring: s_ring,
+        _cqp: cqp,
+        _ring: ring,
+        _staging: staging,
+        _ccq: ccq,
+    }
+}
+
+/// The (qp_num, imm) of a successful receive completion.
+fn received(c: Completion) -> (u32, u32) {
+    match c {
+        Completion {
+            qp_num,
+            kind: CompletionKind::RecvImm { imm, .. },
+            status: WcStatus::Success,
+            ..
+        } => (qp_num, imm),
+        other => panic!("unexpected completion {other:?}"),
+    }
+}
+
 /// Every queue pair of a context consumes receives from its one shared
 /// receive queue: two connections are served by exactly two posted receives.
 pub(crate) fn connections_share_one_srq<F: Fabric>(mut p: Pair<F>, second_client: F) {
-    let ring2 = second_client.register(RING, true).unwrap();
-    let staging2 = second_client.register(RING, false).unwrap();
-    let ccq2 = second_client.create_cq().unwrap();
-    let (sqp2, _s_ring2, mut cqp2, peer2) = connect(
-        &p.server,
-        &p.scq,
-        &p.listener,
-        &second_client,
-        &ccq2,
-        &ring2,
-    );
-    let cqp1 = &mut p.cqp;
-    p.server.post_recv(2).unwrap();
-    p.staging.write(0, 8, |b| b.fill(1));
-    staging2.write(0, 8, |b| b.fill(2));
-    cqp1.post_write_imm(&write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 11))
-        .unwrap();
-    cqp2.post_write_imm(&write(&staging2, &peer2, 0, 8, peer2.rkey, 22))
-        .unwrap();
+    let second = second_client_writes(&mut p, &second_client, None);
     let mut got: Vec<(u32, u32)> = (0..2)
-        .map(|_| match p.next_not_send(End::Server) {
-            Completion {
-                qp_num,
-                kind: CompletionKind::RecvImm { imm, .. },
-                status: WcStatus::Success,
-                ..
-            } => (qp_num, imm),
-            other => panic!("unexpected completion {other:?}"),
-        })
+        .map(|_| received(p.next_not_send(End::Server)))
         .collect();
     got.sort();
-    let mut want = vec![(p.sqp.qp_num(), 11), (sqp2.qp_num(), 22)];
+    let mut want = vec![(p.sqp.qp_num(), 11), (second.sqp.qp_num(), 22)];
     want.sort();
     assert_eq!(got, want, "both queue pairs were served from the one SRQ");
 }
@@ -350,30 +378,9 @@ pub(crate) fn close_is_seen_by_the_peer<F: Fabric>(p: Pair<F>) {
 /// queue's completions reach only that queue.
 pub(crate) fn completions_reach_only_their_queue<F: Fabric>(mut p: Pair<F>, second_client: F) {
     let scq2 = p.server.create_cq().unwrap();
-    let ring2 = second_client.register(RING, true).unwrap();
-    let staging2 = second_client.register(RING, false).unwrap();
-    let ccq2 = second_client.create_cq().unwrap();
-    let (sqp2, _s_ring2, mut cqp2, peer2) =
-        connect(&p.server, &scq2, &p.listener, &second_client, &ccq2, &ring2);
-    let cqp1 = &mut p.cqp;
-    p.server.post_recv(2).unwrap();
-    p.staging.write(0, 8, |b| b.fill(1));
-    staging2.write(0, 8, |b| b.fill(2));
-    cqp1.post_write_imm(&write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 11))
-        .unwrap();
-    cqp2.post_write_imm(&write(&staging2, &peer2, 0, 8, peer2.rkey, 22))
-        .unwrap();
-    let recv = |c: Completion| match c {
-        Completion {
-            qp_num,
-            kind: CompletionKind::RecvImm { imm, .. },
-            status: WcStatus::Success,
-            ..
-        } => (qp_num, imm),
-        other => panic!("unexpected completion {other:?}"),
-    };
-    assert_eq!(recv(p.next_not_send(End::Server)), (p.sqp.qp_num(), 11));
-    assert_eq!(recv(next_not_send(&scq2)), (sqp2.qp_num(), 22));
+    let second = second_client_writes(&mut p, &second_client, Some(&scq2));
+    assert_eq!(received(p.next_not_send(End::Server)), (p.sqp.qp_num(), 11));
+    assert_eq!(received(next_not_send(&scq2)), (second.sqp.qp_num(), 22));
     let mut out = Vec::new();
     thread::sleep(Duration::from_millis(20));
     p.scq.poll(&mut out, 8);
