@@ -96,10 +96,13 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     /// Receives posted for connections since closed: consumed receives up
     /// to this many are not replenished.
     surplus_recvs: AtomicU64,
-    /// When a caller (blocked in `wait`, or its future) last turned the
-    /// queue itself (ns since `epoch`; 0: one stopped and asked the poller
-    /// to take over).
-    last_self_poll: AtomicU64,
+    /// How many times callers (blocked in `wait`, or their futures) turned
+    /// the queue themselves: while this grows, the poller naps. A counter,
+    /// not a time: the hot path reads no clock for it.
+    self_polls: AtomicU64,
+    /// A caller or future stopped polling without its response and asked
+    /// the poller to take over ([`Endpoint::ensure_polled`]).
+    take_over: AtomicBool,
     /// Connections handled by this dispatcher.
     load: AtomicUsize,
     /// Connections whose writes wait for an uncork ([`Conn::send_corked`]):
@@ -156,7 +159,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 timer_hint: AtomicU64::new(u64::MAX),
                 epoch: Instant::now(),
                 surplus_recvs: AtomicU64::new(0),
-                last_self_poll: AtomicU64::new(0),
+                self_polls: AtomicU64::new(0),
+                take_over: AtomicBool::new(false),
                 load: AtomicUsize::new(0),
                 corked: Mutex::new(Vec::new()),
                 any_corked: AtomicBool::new(false),
@@ -331,9 +335,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// Makes sure the poller thread polls if no caller does: called before
     /// a caller waits for a response without polling itself.
     pub(crate) fn ensure_polled(&self) {
-        // A future giving up on polling: the poller need not wait for the
-        // futures' polls to grow old before it takes over again.
-        self.last_self_poll.store(0, Ordering::SeqCst);
+        // A waiter giving up on polling: the poller need not wait for the
+        // others' polls to stop before it takes over again.
+        self.take_over.store(true, Ordering::SeqCst);
         if self.poller_napping.load(Ordering::SeqCst) {
             self.unpark_poller();
         }
@@ -465,8 +469,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         // soon (a synchronous loop): the poller keeps napping meanwhile
         // instead of arming the queue and being woken by that call's
         // response, which its caller handles anyway.
-        self.last_self_poll
-            .store(self.nanos(Instant::now()).max(1), Ordering::SeqCst);
+        self.self_polls.fetch_add(1, Ordering::SeqCst);
         let last = counted.leave();
         if last && (!finished || others_waiting()) {
             self.ensure_polled();
@@ -482,8 +485,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let Some(mut st) = self.try_poll_state() else {
             return false;
         };
-        self.last_self_poll
-            .store(self.nanos(Instant::now()).max(1), Ordering::SeqCst);
+        self.self_polls.fetch_add(1, Ordering::Relaxed);
         self.turn(&mut st);
         true
     }
@@ -505,20 +507,27 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let mut gap_start: Option<Instant> = None;
         let mut next_tick = Instant::now();
         let mut spins = 0u32;
+        let mut busy = 0u32;
+        // `self_polls` when the poller last looked: callers polled since
+        // if it grew.
+        let mut seen_polls = self.self_polls.load(Ordering::SeqCst);
         while !self.stop.load(Ordering::Acquire) {
             self.flush_corked();
-            let self_polled = || {
-                let last = self.last_self_poll.load(Ordering::SeqCst);
-                last != 0
-                    && self.nanos(Instant::now()).saturating_sub(last)
-                        < SELF_POLL_NAP.as_nanos() as u64 * 4
+            let mut self_polled = || {
+                let polls = self.self_polls.load(Ordering::SeqCst);
+                let grew = polls != seen_polls;
+                seen_polls = polls;
+                grew && !self.take_over.load(Ordering::SeqCst)
             };
-            if self.callers_polling.load(Ordering::SeqCst) > 0 || self_polled() {
+            if self.take_over.swap(false, Ordering::SeqCst) {
+                // Take over now, whatever was polled before.
+                seen_polls = self.self_polls.load(Ordering::SeqCst);
+            } else if self.callers_polling.load(Ordering::SeqCst) > 0 || self_polled() {
                 // Say so, then look once more: the last caller (or future)
                 // may have stopped before it could see the flag.
                 self.poller_napping.store(true, Ordering::SeqCst);
                 let callers = self.callers_polling.load(Ordering::SeqCst) > 0;
-                if callers || self_polled() {
+                if callers || !self.take_over.load(Ordering::SeqCst) {
                     let now = Instant::now();
                     next_tick = self.tick(next_tick, now);
                     let cap = if callers {
@@ -554,11 +563,16 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             drop(st);
             if found + self.run_tasks() > 0 {
                 idle_since = None;
-                let now = Instant::now();
-                if let Some(start) = gap_start.take() {
-                    self.idle_gaps.record(now.duration_since(start));
+                // While busy, the clock (for timers) is read now and then,
+                // and when a gap of idleness ends (for the spin policy).
+                busy = busy.wrapping_add(1);
+                if gap_start.is_some() || busy % 16 == 0 {
+                    let now = Instant::now();
+                    if let Some(start) = gap_start.take() {
+                        self.idle_gaps.record(now.duration_since(start));
+                    }
+                    next_tick = self.tick(next_tick, now);
                 }
-                next_tick = self.tick(next_tick, now);
                 continue;
             }
             // Spinning: read the clock only now and then.
