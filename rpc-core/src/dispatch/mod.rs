@@ -304,7 +304,10 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
 
     /// Posts the writes of the connections [`Endpoint::corked`] noted.
     fn flush_corked(&self) {
-        if !self.any_corked.swap(false, Ordering::SeqCst) {
+        // A load first: a swap on every turn would take the cache line from
+        // the callers that set it.
+        if !self.any_corked.load(Ordering::SeqCst) || !self.any_corked.swap(false, Ordering::SeqCst)
+        {
             return;
         }
         let lock = || self.corked.lock().unwrap_or_else(|e| e.into_inner());
