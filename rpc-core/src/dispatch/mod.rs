@@ -5,12 +5,14 @@
 mod config;
 mod conn;
 mod spin;
+mod srq;
 
 pub(crate) use config::Config;
 use conn::MAX_PEER_RING;
 pub(crate) use conn::{Conn, OutFrame};
 pub(crate) use spin::AdaptiveSpin;
 use spin::{CALLER_POLL_NAP, SELF_POLL_NAP, spin_pause};
+use srq::SrqProvision;
 
 use crate::executor::Executor;
 use crate::fabric::{
@@ -93,9 +95,8 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     /// The earliest timer others asked for since the last tick (ns since `epoch`).
     timer_hint: AtomicU64,
     epoch: Instant,
-    /// Receives posted for connections since closed: consumed receives up
-    /// to this many are not replenished.
-    surplus_recvs: AtomicU64,
+    /// What this dispatcher owes the shared receive queue.
+    srq: SrqProvision,
     /// How many times callers (blocked in `wait`, or their futures) turned
     /// the queue themselves: while this grows, the poller naps. A counter,
     /// not a time: the hot path reads no clock for it.
@@ -158,7 +159,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 planned_wake: AtomicU64::new(0),
                 timer_hint: AtomicU64::new(u64::MAX),
                 epoch: Instant::now(),
-                surplus_recvs: AtomicU64::new(0),
+                srq: SrqProvision::default(),
                 self_polls: AtomicU64::new(0),
                 take_over: AtomicBool::new(false),
                 load: AtomicUsize::new(0),
@@ -204,13 +205,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 ))
             })?;
         let staging = self.fabric.register(peer_cap, false)?;
-        // Every incoming write consumes a receive, and the peer may send a
-        // frame per ALIGN bytes of this ring, plus a credit per frame it
-        // received, before the poller gets to replenish: provision for all
-        // of it, so that a busy poller delays the peer instead of failing it
-        // with RNR errors.
-        let recvs = u32::try_from((ring_size + peer_cap) / ALIGN)
-            .map_err(|_| Status::resource_exhausted("rings too large to provision receives"))?;
+        let recvs = SrqProvision::for_connection(ring_size, peer_cap)?;
         let mut conn = Conn::new(recv, staging, self.config.max_backlog, c)?;
         conn.recvs = recvs;
         conn.max_message = max_message;
@@ -253,37 +248,14 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         conn.kill(why);
         if removed {
             self.load.fetch_sub(1, Ordering::Relaxed);
-            self.surplus_recvs
-                .fetch_add(conn.recvs as u64, Ordering::AcqRel);
+            self.srq.returned(conn.recvs);
             self.role.on_lost(conn, why);
         }
     }
 
-    /// Posts receives in place of `consumed` ones, less any surplus left by
-    /// closed connections.
+    /// Posts receives in place of `consumed` ones (see [`SrqProvision`]).
     fn replenish(&self, consumed: u32) -> Result<(), Status> {
-        let mut surplus = self.surplus_recvs.load(Ordering::Acquire);
-        let absorbed = loop {
-            let absorbed = surplus.min(consumed as u64);
-            match self.surplus_recvs.compare_exchange_weak(
-                surplus,
-                surplus - absorbed,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break absorbed as u32,
-                Err(now) => surplus = now,
-            }
-        };
-        if consumed > absorbed {
-            if let Err(e) = self.fabric.post_recv(consumed - absorbed) {
-                // The caller retries with the same count: give the surplus back.
-                self.surplus_recvs
-                    .fetch_add(absorbed as u64, Ordering::AcqRel);
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        self.srq.replenish(&self.fabric, consumed)
     }
 
     /// Takes note of a connection that [`Conn::send_corked`] corked: the
