@@ -432,7 +432,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 idle_since = None;
                 continue;
             }
-            if spins % 16 == 0 {
+            // The clock is read every 128 spins: where it is slow (a
+            // syscall under emulation) reading it often costs the spin.
+            if spins % 128 == 0 {
                 let now = Instant::now();
                 if now.duration_since(*idle_since.get_or_insert(now)) >= spin {
                     break done();
@@ -550,8 +552,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 }
                 continue;
             }
-            // Spinning: read the clock only now and then.
-            if idle_since.is_some() && spins % 16 != 0 {
+            // Spinning: read the clock only every 128 spins.
+            if idle_since.is_some() && spins % 128 != 0 {
                 spin_pause(&mut spins);
                 continue;
             }
