@@ -16,10 +16,11 @@ pub(super) const CALLER_POLL_NAP: Duration = Duration::from_millis(5);
 /// threads doing the work.
 pub(super) const SELF_POLL_NAP: Duration = Duration::from_millis(5);
 /// Waits a moment in a spin loop; now and then lets another thread run
-/// (one that delivers completions may share this core).
+/// (one that delivers completions may share this core): every 256 spins,
+/// as a `sched_yield` is a syscall, and an expensive one under emulation.
 pub(super) fn spin_pause(spins: &mut u32) {
     *spins = spins.wrapping_add(1);
-    if *spins % 64 == 0 {
+    if *spins % 256 == 0 {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
