@@ -17,7 +17,6 @@ use examples::kv::kv_client::KvClient;
 use examples::kv::kv_server::KvServer;
 use examples::kv::{GetRequest, PutRequest};
 use examples::services::KvStore;
-use futures::FutureExt;
 use rpc_core::{Channel, Code, Request, Response, Server, ServerBuilder, Status, UnaryCall};
 use std::collections::{HashMap, HashSet};
 use std::future::poll_fn;
@@ -151,11 +150,6 @@ fn call(client: &EchoClient, payload: &[u8], md: &[(&str, &str)]) -> UnaryCall<E
     client.echo(request)
 }
 
-/// Whether `call` has finished (polling it once).
-fn finished(call: &mut UnaryCall<EchoReply>) -> bool {
-    std::pin::Pin::new(call).now_or_never().is_some()
-}
-
 /// A server with one dispatcher; `build` adds services.
 fn one_dispatcher(
     url: &str,
@@ -190,7 +184,7 @@ on_every_fabric! {
         // Three handlers parked on one dispatcher: it still serves others.
         others_are_served(&client, 50);
         assert!(
-            !parked.iter_mut().flatten().any(finished),
+            !parked.iter_mut().flatten().any(is_done),
             "no gate was opened yet"
         );
         // Woken out of order, each resumes on its dispatcher and answers
@@ -201,7 +195,7 @@ on_every_fabric! {
             assert_eq!(reply.get_ref().payload, format!("p{i}").as_bytes());
             assert_eq!(reply.metadata().get("entered"), Some("rpc-dispatch-0"));
             for rest in parked.iter_mut().flatten() {
-                assert!(!finished(rest), "a call whose gate is closed finished");
+                assert!(!is_done(rest), "a call whose gate is closed finished");
             }
         }
         server.shutdown();
@@ -234,7 +228,7 @@ on_every_fabric! {
         let reply = call(&client, b"task", &[("tokio-task", "")]).wait().unwrap();
         assert_eq!(reply.get_ref().payload, b"task");
         assert_ne!(reply.metadata().get("ran"), reply.metadata().get("entered"));
-        assert!(!finished(&mut asleep), "the 3 s sleep ended early");
+        assert!(!is_done(&mut asleep), "the 3 s sleep ended early");
         let reply = asleep.wait().unwrap();
         assert_eq!(reply.get_ref().payload, b"asleep");
         server.shutdown();
@@ -296,7 +290,7 @@ fn blocked_handler_holds_up_nobody(url: &str, server: &rpc_core::ServerHandle, s
         let got = kv.get(Request::new(GetRequest { key })).wait().unwrap();
         assert_eq!(got.get_ref().value, Some(vec![i as u8]), "{url}");
     }
-    assert!(!blocked.iter_mut().any(finished));
+    assert!(!blocked.iter_mut().any(is_done));
     service.thread_gates.open("open");
     for c in blocked {
         let reply = c.wait().unwrap();
@@ -356,7 +350,7 @@ on_every_fabric! {
             service.wait_entered(&format!("o{i}"));
         }
         others_are_served(&client, 20);
-        assert!(!offloaded.iter_mut().any(finished));
+        assert!(!offloaded.iter_mut().any(is_done));
         service.thread_gates.open("go");
         for c in offloaded {
             let reply = c.wait().unwrap();

@@ -13,9 +13,8 @@ use examples::kv::kv_client::KvClient;
 use examples::kv::kv_server::KvServer;
 use examples::kv::{DeleteRequest, Entry, GetRequest, PutRequest, ScanRequest};
 use examples::services::{EchoService, KvStore};
-use futures::FutureExt;
 use rpc_core::testing::protocol::{ALIGN, HEADER_LEN};
-use rpc_core::{Channel, Code, Request, Response, Server, Status, UnaryCall};
+use rpc_core::{Channel, Code, Request, Response, Server, Status};
 use std::time::{Duration, Instant};
 
 fn put(kv: &KvClient, key: &str, value: &[u8]) -> bool {
@@ -547,11 +546,6 @@ fn connection_failures_are_reported() {
         assert_eq!(e.code(), Code::InvalidArgument, "{e}");
         server.shutdown();
     });
-}
-
-/// Whether `call` has completed, without waiting.
-fn is_done<T: rpc_core::codegen::prost::Message + Default>(call: &mut UnaryCall<T>) -> bool {
-    call.now_or_never().is_some()
 }
 
 on_every_fabric! {

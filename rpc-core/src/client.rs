@@ -1,7 +1,7 @@
 //! The client side: [`Channel`] and [`UnaryCall`].
 
 use crate::descriptor::MethodDescriptor;
-use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role};
+use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
 use crate::protocol::{CallId, CallTable, FrameKind};
@@ -102,14 +102,6 @@ impl<F: Fabric> ClientRuntime<F> {
         }
         Ok(ClientRuntime { endpoints })
     }
-
-    /// The dispatcher a new connection goes to: the one with the fewest.
-    fn pick(&self) -> &Arc<Endpoint<F, ClientRole>> {
-        self.endpoints
-            .iter()
-            .min_by_key(|ep| ep.load())
-            .expect("a runtime has at least one dispatcher")
-    }
 }
 
 /// The client runtime of the software fabric (mem:// and tcp://).
@@ -133,26 +125,17 @@ fn soft_runtime() -> Result<&'static ClientRuntime<SoftFabric>, Status> {
 fn verbs_runtime(
     url: &FabricUrl,
 ) -> Result<Arc<ClientRuntime<crate::fabric::verbs::VerbsFabric>>, Status> {
+    use crate::fabric::verbs::DeviceSelection;
     type Runtimes = Mutex<
         Vec<(
-            String,
+            DeviceSelection,
             Arc<ClientRuntime<crate::fabric::verbs::VerbsFabric>>,
         )>,
     >;
     static RTS: OnceLock<Runtimes> = OnceLock::new();
-    // What selects the device (see the verbs fabric's docs): URLs that
-    // select alike share a runtime, without opening the device again.
-    let param = |k: &str, env: &str| {
-        url.param(k)
-            .map(str::to_owned)
-            .or_else(|| std::env::var(env).ok())
-    };
-    let key = format!(
-        "{:?}/{:?}/{:?}",
-        param("device", "RDMA_DEVICE"),
-        param("port", "RDMA_PORT"),
-        param("gid", "RDMA_GID_INDEX")
-    );
+    // URLs that select alike share a runtime, without opening the device
+    // again.
+    let key = DeviceSelection::of(url);
     let mut rts = RTS
         .get_or_init(Default::default)
         .lock()
@@ -308,10 +291,7 @@ impl Channel {
     }
 
     fn cancel(&self, id: CallId) {
-        with_client!(&self.inner.client, c => {
-            c.conn.uncork();
-            c.cancel(id)
-        })
+        with_client!(&self.inner.client, c => c.cancel(id))
     }
 
     /// Sends the requests staged on this channel's connection.
@@ -376,7 +356,7 @@ impl<F: Fabric> Client<F> {
         url: &FabricUrl,
         config: &Config,
     ) -> Result<Client<F>, Status> {
-        let ep = rt.pick().clone();
+        let ep = least_loaded(&rt.endpoints).clone();
         let ring = ep.fabric.register(config.ring_size, true)?;
         let local = LocalSetup {
             ring: &ring,
@@ -761,7 +741,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
     ///
     /// While it waits, the thread first handles completions itself for a
     /// short while (the channel's spin time), so a quick response reaches it
-    /// without a hand-off from the poller thread; then it sleeps.
+    /// without a hand-off from the dispatcher thread; then it sleeps.
     pub fn wait(mut self) -> Result<Response<T>, Status> {
         let slot = self.slot.take().expect("slot present until completion");
         let Some(channel) = self.canceller.take() else {
@@ -866,11 +846,8 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
 
 impl<T> Drop for UnaryCall<T> {
     fn drop(&mut self) {
-        let unfinished = self.slot.take().is_some();
-        if let Some(channel) = self.canceller.take() {
-            if unfinished {
-                channel.cancel(self.id);
-            }
+        if let (Some(_), Some(channel)) = (self.slot.take(), self.canceller.take()) {
+            channel.cancel(self.id);
         }
     }
 }

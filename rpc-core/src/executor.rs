@@ -149,15 +149,14 @@ fn give_box<F: Future<Output = ()> + Send + 'static>(b: Pin<Box<Option<F>>>) {
 
 /// Polls `f` once, catching a panic: its message is kept for the call's
 /// answer and the future is dropped. True when the future is finished.
-fn poll_catching(f: Pin<&mut dyn TaskFuture>, cx: &mut Context<'_>) -> (bool, bool) {
+fn poll_catching(f: Pin<&mut dyn TaskFuture>, cx: &mut Context<'_>) -> bool {
     match catch_unwind(AssertUnwindSafe(|| f.poll_task(cx))) {
-        Ok(Poll::Ready(())) => (true, false),
-        Ok(Poll::Pending) => (false, false),
+        Ok(poll) => poll.is_ready(),
         Err(panic) => {
             let what = panic_message(&*panic);
             tracing::error!(panic = %what, "handler panicked");
             PANIC.with(|p| *p.borrow_mut() = Some(what));
-            (true, true)
+            true
         }
     }
 }
@@ -224,27 +223,21 @@ impl Executor {
     pub(crate) fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
         // A placeholder holds the key while the first poll runs (the task
         // may spawn others meanwhile).
-        let key = {
+        let (key, waker) = {
             let mut tasks = self.tasks();
             let entry = tasks.vacant_entry();
             let key = entry.key();
             let waker = self.take_waker(key);
             entry.insert(Parked {
                 future: None,
-                waker,
+                waker: waker.clone(),
             });
-            key
+            (key, Waker::from(waker))
         };
-        let waker_arc = self.tasks()[key].waker.clone();
-        let waker = Waker::from(waker_arc.clone());
         let mut boxed = take_box::<F>();
         boxed.set(Some(future));
-        let (done, _panicked) = {
-            let mut cx = Context::from_waker(&waker);
-            poll_catching(boxed.as_mut(), &mut cx)
-        };
+        let done = poll_catching(boxed.as_mut(), &mut Context::from_waker(&waker));
         drop(waker);
-        drop(waker_arc);
         if done {
             boxed.set(None);
             give_box(boxed);
@@ -286,12 +279,10 @@ impl Executor {
                 (future, parked.waker.clone())
             };
             ran += 1;
-            let (done, _) = {
-                let w = Waker::from(waker.clone());
-                let mut cx = Context::from_waker(&w);
-                poll_catching(future.as_mut(), &mut cx)
-            };
-            drop(waker);
+            let done = poll_catching(
+                future.as_mut(),
+                &mut Context::from_waker(&Waker::from(waker)),
+            );
             if done {
                 drop(future);
                 let parked = self.tasks().remove(key);
@@ -332,8 +323,7 @@ pub(crate) fn block_on<F: Future<Output = ()> + Send>(future: F) {
     let mut cx = Context::from_waker(&waker);
     let mut boxed: Pin<Box<Option<F>>> = Box::pin(Some(future));
     loop {
-        let (done, _) = poll_catching(boxed.as_mut(), &mut cx);
-        if done {
+        if poll_catching(boxed.as_mut(), &mut cx) {
             boxed.set(None);
             return;
         }

@@ -2,7 +2,7 @@
 
 use crate::blocking::BlockingPool;
 use crate::dispatch::encode_exact;
-use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role};
+use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
 use crate::executor::{self, Executor, panic_message};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, Listener, LocalSetup, Scheme};
@@ -515,16 +515,6 @@ impl ServerBuilder {
             })),
         })
     }
-}
-
-/// The dispatcher a new connection goes to: the one with the fewest.
-fn least_loaded<F: Fabric>(
-    endpoints: &[Arc<Endpoint<F, ServerRole>>],
-) -> &Arc<Endpoint<F, ServerRole>> {
-    endpoints
-        .iter()
-        .min_by_key(|ep| ep.load())
-        .expect("a server has at least one dispatcher")
 }
 
 fn accept_loop<F: Fabric>(

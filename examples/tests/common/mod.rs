@@ -41,6 +41,11 @@ pub fn rdma_url() -> String {
     })
 }
 
+/// Whether `call` has completed, polling it once without waiting.
+pub fn is_done<T: Message + Default>(call: &mut rpc_core::UnaryCall<T>) -> bool {
+    futures::FutureExt::now_or_never(call).is_some()
+}
+
 /// A `mem://` URL unique to the test at `path` (a module path).
 pub fn mem_url(path: &str) -> String {
     format!("mem://{}", path.replace("::", "."))

@@ -234,8 +234,9 @@ impl<F: Fabric> Conn<F> {
             .take()
     }
 
-    /// Encodes and posts a frame, or queues it if the peer's ring is full.
-    /// `fill` writes exactly `frame.payload_len` payload bytes.
+    /// Encodes and posts a frame, or queues it if the peer's ring is full;
+    /// frames [`Conn::send_corked`] left staged go with it. `fill` writes
+    /// exactly `frame.payload_len` payload bytes.
     pub(crate) fn send(
         &self,
         frame: &OutFrame<'_>,
@@ -324,9 +325,8 @@ impl<F: Fabric> Conn<F> {
                     let ack = s.credits.take_ack();
                     s.staging.write(slot.offset, len, |buf| write(buf, ack));
                     let was_corked = s.corked;
-                    if cork {
-                        s.corked = true;
-                    }
+                    // A frame that is not corked takes the corked ones with it.
+                    s.corked = cork;
                     self.post(&mut s, slot.offset, len);
                     return Ok(s.corked && !was_corked);
                 }

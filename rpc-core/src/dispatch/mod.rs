@@ -1,6 +1,6 @@
-//! The dispatcher: one poller per context turns the completion queue and
-//! maps each completion to its connection (by `qp_num`) and each frame to
-//! the pending call or the handler; connections own the send path.
+//! The dispatcher: each turns its own completion queue and maps each
+//! completion to its connection (by `qp_num`) and each frame to the pending
+//! call or the handler; connections own the send path.
 
 mod config;
 mod conn;
@@ -11,7 +11,7 @@ pub(crate) use config::Config;
 use conn::MAX_PEER_RING;
 pub(crate) use conn::{Conn, OutFrame};
 pub(crate) use spin::AdaptiveSpin;
-use spin::{CALLER_POLL_NAP, SELF_POLL_NAP, spin_pause};
+use spin::{POLL_NAP, spin_pause};
 use srq::SrqProvision;
 
 use crate::executor::Executor;
@@ -507,14 +507,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 if callers || !self.take_over.load(Ordering::SeqCst) {
                     let now = Instant::now();
                     next_tick = self.tick(next_tick, now);
-                    let cap = if callers {
-                        CALLER_POLL_NAP
-                    } else {
-                        SELF_POLL_NAP
-                    };
                     let nap = next_tick
                         .saturating_duration_since(now)
-                        .clamp(Duration::from_micros(20), cap);
+                        .clamp(Duration::from_micros(20), POLL_NAP);
                     self.planned_wake
                         .store(self.nanos(now + nap).max(1), Ordering::SeqCst);
                     // A timer asked for before `planned_wake` was set did not
@@ -683,6 +678,17 @@ impl Drop for PollingCaller<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// The dispatcher of `endpoints` a new connection goes to: the one with the
+/// fewest connections.
+pub(crate) fn least_loaded<F: Fabric, R: Role<F>>(
+    endpoints: &[Arc<Endpoint<F, R>>],
+) -> &Arc<Endpoint<F, R>> {
+    endpoints
+        .iter()
+        .min_by_key(|ep| ep.load())
+        .expect("at least one dispatcher")
 }
 
 /// The number of CPUs this process may use (at least 1): the default

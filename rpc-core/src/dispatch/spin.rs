@@ -2,19 +2,14 @@
 
 use super::*;
 
-/// Longest the poller thread naps while a caller polls in its place: a bound
-/// on how late it notices that nobody polls any more, should every wake-up
-/// meant for it be missed.
-pub(super) const CALLER_POLL_NAP: Duration = Duration::from_millis(5);
-/// While callers' futures poll the queue themselves (see
-/// [`Endpoint::try_progress`]), or callers did moments ago, the poller
-/// thread naps this long at a time
-/// instead of competing with them for the queue and a core. A future that
-/// stops polling says so ([`Endpoint::ensure_polled`]), so this too only
-/// bounds how late a missed wake-up is noticed: each nap costs a wake-up,
-/// which on a loaded core (or an emulated one) takes a core from the
-/// threads doing the work.
-pub(super) const SELF_POLL_NAP: Duration = Duration::from_millis(5);
+/// Longest the poller thread naps at a time while callers poll the queue in
+/// its place: blocked in `wait` ([`Endpoint::poll_until`]), through their
+/// futures ([`Endpoint::try_progress`]), or moments ago. A caller that stops
+/// polling without its response says so ([`Endpoint::ensure_polled`]), so
+/// this only bounds how late a missed wake-up is noticed; each nap costs a
+/// wake-up, which on a loaded core (or an emulated one) takes a core from
+/// the threads doing the work.
+pub(super) const POLL_NAP: Duration = Duration::from_millis(5);
 /// Waits a moment in a spin loop; now and then lets another thread run
 /// (one that delivers completions may share this core): every 256 spins,
 /// as a `sched_yield` is a syscall, and an expensive one under emulation.

@@ -75,7 +75,7 @@ impl<F: Fabric> Pair<F> {
     pub(crate) fn next_not_send(&self, end: End) -> Completion {
         loop {
             let c = self.next(end);
-            if !(c.kind == CompletionKind::Send && c.status == WcStatus::Success) {
+            if !is_successful_send(&c) {
                 return c;
             }
         }
@@ -157,10 +157,15 @@ pub(crate) fn wait_one(f: &impl CompletionQueue) -> Completion {
 }
 
 /// The next completion that is not a successful send (signaled writes may interleave).
+/// Whether `c` is a send that completed: what the `next_not_send` waits skip.
+fn is_successful_send(c: &Completion) -> bool {
+    c.kind == CompletionKind::Send && c.status == WcStatus::Success
+}
+
 pub(crate) fn next_not_send(f: &impl CompletionQueue) -> Completion {
     loop {
         let c = wait_one(f);
-        if !(c.kind == CompletionKind::Send && c.status == WcStatus::Success) {
+        if !is_successful_send(&c) {
             return c;
         }
     }

@@ -40,24 +40,49 @@ pub(super) fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
     gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
 }
 
+/// What a URL asks of the device choice, unparsed: its `device=`, `port=`
+/// and `gid=` parameters, else `RDMA_DEVICE`, `RDMA_PORT` and
+/// `RDMA_GID_INDEX`. URLs with equal selections open the same device, port
+/// and GID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DeviceSelection {
+    pub device: Option<String>,
+    pub port: Option<String>,
+    pub gid: Option<String>,
+}
+
+impl DeviceSelection {
+    pub(crate) fn of(url: &FabricUrl) -> DeviceSelection {
+        let param = |k: &str, env: &str| {
+            url.param(k)
+                .map(str::to_owned)
+                .or_else(|| std::env::var(env).ok())
+        };
+        DeviceSelection {
+            device: param("device", "RDMA_DEVICE"),
+            port: param("port", "RDMA_PORT"),
+            gid: param("gid", "RDMA_GID_INDEX"),
+        }
+    }
+}
+
 /// Finds the device, port and GID to use: `device=`/`port=`/`gid=` URL
 /// parameters, else `RDMA_DEVICE`/`RDMA_PORT`/`RDMA_GID_INDEX`, else the first
 /// active port of the first device that has one, and its first IPv4-mapped
 /// GID (RoCE v2), else its first non-zero GID.
 pub(super) fn choose(url: &FabricUrl) -> Result<(Context, DeviceChoice), FabricError> {
-    let param = |k: &str, env: &str| {
-        url.param(k)
-            .map(str::to_owned)
-            .or_else(|| std::env::var(env).ok())
-    };
-    let want_device = param("device", "RDMA_DEVICE");
-    let want_port = match param("port", "RDMA_PORT") {
+    let DeviceSelection {
+        device: want_device,
+        port,
+        gid,
+    } = DeviceSelection::of(url);
+    let want_port = match port {
         Some(p) => Some(p.parse::<u8>().map_err(|_| {
             FabricError::invalid("rdma", format!("port {p:?} is not a port number"))
         })?),
         None => None,
     };
-    let want_gid = match param("gid", "RDMA_GID_INDEX") {
+    let want_gid = match gid {
         Some(g) => Some(g.parse::<u8>().map_err(|_| {
             FabricError::invalid("rdma", format!("gid index {g:?} is not a number"))
         })?),

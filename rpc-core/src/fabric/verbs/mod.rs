@@ -45,6 +45,7 @@ mod resources;
 use cq::CqInner;
 pub use cq::VerbsCq;
 pub use device::DeviceChoice;
+pub(crate) use device::DeviceSelection;
 use device::choose;
 use events::{LiveQp, Side};
 use ibverbs_sys as ffi;
