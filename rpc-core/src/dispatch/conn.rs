@@ -10,55 +10,12 @@ pub(super) const MAX_POOLED_BUFFER: usize = 256 << 10;
 /// each connection stages its outgoing frames in a mirror of the peer's ring.
 pub(super) const MAX_PEER_RING: usize = 64 << 20;
 
-/// A write staged while the poller handles a batch, posted with the others
-/// at the end of it.
-pub(super) struct StagedWrite {
-    pub(super) local: Option<(usize, usize)>,
-    pub(super) imm: u32,
-    pub(super) wr_id: u64,
-    pub(super) signaled: bool,
-}
-
-/// Most writes posted as one batch.
-pub(super) const MAX_POST_BATCH: usize = 64;
-
-/// Frames waiting for ring (or send-queue) space, fully encoded.
-pub(super) struct Backlog {
-    pub(super) frames: VecDeque<Vec<u8>>,
-    pub(super) bytes: usize,
-}
-
+/// The send path's state: the protocol's [`Sender`] and what it needs from
+/// the fabric (the queue pair and the staging area).
 pub(super) struct SendState<F: Fabric> {
     pub(super) qp: Option<F::Qp>,
     pub(super) staging: F::Region,
-    pub(super) ring: SendRing,
-    pub(super) credits: CreditReturn,
-    pub(super) backlog: Backlog,
-    /// Writes posted, and the last one known complete (send-queue accounting).
-    pub(super) posted: u64,
-    pub(super) completed: u64,
-    pub(super) sq_depth: u64,
-    pub(super) dead: Option<String>,
-    /// While the poller handles a batch of completions for this connection,
-    /// writes are staged here and posted together after it.
-    pub(super) batching: bool,
-    /// A caller's request is staged, to go out with the requests other
-    /// callers issue meanwhile (see [`Conn::send_corked`]).
-    pub(super) corked: bool,
-    pub(super) staged: Vec<StagedWrite>,
-}
-
-/// Why a frame could not be sent.
-#[derive(Debug)]
-pub(crate) enum SendError {
-    /// The connection is gone.
-    Closed(String),
-    /// The frame can never fit (larger than the peer accepts).
-    TooLarge { len: usize, max: usize },
-    /// Ring full and the caller asked not to wait, or the backlog is full.
-    Full(&'static str),
-    /// Metadata larger than a frame can carry.
-    Metadata(usize),
+    pub(super) proto: Sender,
 }
 
 impl From<SendError> for Status {
@@ -88,16 +45,17 @@ pub(crate) struct OutFrame<'a> {
     pub payload_len: usize,
 }
 
-/// One connection: its queue pair, its receive ring and the peer's.
+/// One connection: its queue pair, its receive ring and the peer's. The
+/// protocol state is pure ([`Sender`], [`Receiver`]); this drives it with
+/// the fabric: copies frames in and out of registered memory and posts.
 pub(crate) struct Conn<F: Fabric> {
     pub qp_num: u32,
     pub peer_addr: String,
     pub(super) peer: PeerRing,
     pub(super) recv_region: F::Region,
-    pub(super) recv: Mutex<RecvRing>,
+    pub(super) recv: Mutex<Receiver>,
     pub(super) send: Mutex<SendState<F>>,
     pub(super) failure: Mutex<Option<String>>,
-    pub(super) max_backlog: usize,
     /// Receives posted for this connection (see [`Endpoint::add`]).
     pub(super) recvs: u32,
     /// Largest message (metadata + payload) accepted from the peer.
@@ -141,27 +99,14 @@ impl<F: Fabric> Conn<F> {
             qp_num: c.qp.qp_num(),
             peer_addr: c.peer_addr,
             peer: c.peer,
-            recv: Mutex::new(RecvRing::new(cap).map_err(ring_err)?),
+            recv: Mutex::new(Receiver::new(cap).map_err(ring_err)?),
             recv_region,
             send: Mutex::new(SendState {
                 qp: Some(c.qp),
                 staging,
-                ring: SendRing::new(peer_cap).map_err(ring_err)?,
-                credits: CreditReturn::new(cap),
-                backlog: Backlog {
-                    frames: VecDeque::new(),
-                    bytes: 0,
-                },
-                posted: 0,
-                completed: 0,
-                sq_depth,
-                dead: None,
-                batching: false,
-                corked: false,
-                staged: Vec::with_capacity(MAX_POST_BATCH),
+                proto: Sender::new(peer_cap, cap, sq_depth, max_backlog).map_err(ring_err)?,
             }),
             failure: Mutex::new(None),
-            max_backlog,
             recvs: 0,
             max_message: 0,
             stale: AtomicU64::new(0),
@@ -180,12 +125,12 @@ impl<F: Fabric> Conn<F> {
 
     /// Whether the connection is still usable.
     pub(crate) fn is_alive(&self) -> bool {
-        self.send_state().dead.is_none()
+        self.send_state().proto.death().is_none()
     }
 
     /// Why the connection died, if it did.
     pub(crate) fn death(&self) -> Option<String> {
-        self.send_state().dead.clone()
+        self.send_state().proto.death().map(str::to_owned)
     }
 
     /// Counts a response that named no live call of this connection.
@@ -210,13 +155,7 @@ impl<F: Fabric> Conn<F> {
     /// Destroys the queue pair (the peer sees it) and drops queued frames.
     pub(crate) fn kill(&self, why: &str) {
         let mut s = self.send_state();
-        if s.dead.is_none() {
-            s.dead = Some(why.to_owned());
-        }
-        s.backlog.frames.clear();
-        s.backlog.bytes = 0;
-        s.staged.clear();
-        s.batching = false;
+        s.proto.kill(why);
         s.qp = None;
     }
 
@@ -264,17 +203,14 @@ impl<F: Fabric> Conn<F> {
     /// Posts the writes [`Conn::send_corked`] left staged.
     pub(crate) fn uncork(&self) {
         let mut s = self.send_state();
-        if s.corked {
-            s.corked = false;
-            if !(s.batching && IN_TURN.get()) {
-                self.post_staged(&mut s);
-            }
+        if s.proto.uncork() {
+            self.post_if_due(&mut s);
         }
     }
 
     /// Whether writes wait for [`Conn::uncork`].
     pub(crate) fn is_corked(&self) -> bool {
-        self.send_state().corked
+        self.send_state().proto.is_corked()
     }
 
     pub(super) fn send_with(
@@ -316,132 +252,81 @@ impl<F: Fabric> Conn<F> {
             fill(&mut buf[HEADER_LEN + md_len..]);
         };
         let mut s = self.send_state();
-        if let Some(why) = &s.dead {
-            return Err(SendError::Closed(why.clone()));
-        }
-        if s.backlog.frames.is_empty() && s.sq_room() {
-            match s.ring.reserve(len) {
-                Ok(Some(slot)) => {
-                    let ack = s.credits.take_ack();
-                    s.staging.write(slot.offset, len, |buf| write(buf, ack));
-                    let was_corked = s.corked;
-                    // A frame that is not corked takes the corked ones with it.
-                    s.corked = cork;
-                    self.post(&mut s, slot.offset, len);
-                    return Ok(s.corked && !was_corked);
-                }
-                Ok(None) => {}
-                Err(_) => {
-                    return Err(SendError::TooLarge {
-                        len: body,
-                        max: s.ring.max_frame() - HEADER_LEN,
-                    });
-                }
+        match s.proto.reserve(len, fail_fast)? {
+            Reserved::Ring { offset, ack } => {
+                s.staging.write(offset, len, |buf| write(buf, ack));
+                let corked = s.proto.sent(offset, len, cork);
+                self.post_if_due(&mut s);
+                Ok(corked && s.proto.is_corked())
+            }
+            Reserved::Queue => {
+                let mut bytes = vec![0u8; len];
+                write(&mut bytes, 0);
+                s.proto.queue(bytes);
+                Ok(false)
             }
         }
-        if fail_fast {
-            return Err(SendError::Full(
-                "the peer's receive ring is full (fail-fast call)",
-            ));
-        }
-        if s.backlog.bytes + len > self.max_backlog {
-            return Err(SendError::Full(
-                "too many bytes queued for the peer's full receive ring",
-            ));
-        }
-        let mut bytes = vec![0u8; len];
-        write(&mut bytes, 0);
-        s.backlog.bytes += len;
-        s.backlog.frames.push_back(bytes);
-        Ok(false)
     }
 
-    /// Posts the frame staged at `offset`. Marks the connection failed on error.
-    pub(super) fn post(&self, s: &mut SendState<F>, offset: usize, len: usize) {
-        let imm = Doorbell::Frame {
-            offset_units: (offset / ALIGN) as u32,
+    /// Posts what the sender handed out, unless it is held (corked, or
+    /// batched by the dispatcher turn running on this thread).
+    fn post_if_due(&self, s: &mut SendState<F>) {
+        if s.proto.should_post(IN_TURN.get()) {
+            self.post_transmits(s);
         }
-        .encode();
-        self.post_write(s, Some((offset, len)), imm, false);
     }
 
-    /// Posts a write, or stages it while the poller handles a batch; returns
-    /// its work request id. It is signaled if `signal`, and anyway one in
-    /// [`SIGNAL_EVERY`].
-    pub(super) fn post_write(
-        &self,
-        s: &mut SendState<F>,
-        local: Option<(usize, usize)>,
-        imm: u32,
-        signal: bool,
-    ) -> u64 {
-        s.posted += 1;
-        let wr_id = s.posted;
-        s.staged.push(StagedWrite {
-            local,
-            imm,
-            wr_id,
-            signaled: signal || wr_id % SIGNAL_EVERY as u64 == 0,
-        });
-        let held = s.corked || (s.batching && IN_TURN.get());
-        if !held || s.staged.len() >= MAX_POST_BATCH {
-            self.post_staged(s);
-        }
-        wr_id
-    }
-
-    /// Posts a credit doorbell carrying the current ack; returns its id.
-    pub(super) fn post_credit(&self, s: &mut SendState<F>, signal: bool) -> u64 {
-        let ack = s.credits.take_ack();
-        self.post_write(s, None, Doorbell::Credit { ack }.encode(), signal)
-    }
-
-    /// Posts the staged writes, in order, as one batch.
-    pub(super) fn post_staged(&self, s: &mut SendState<F>) {
-        s.corked = false;
-        if s.staged.is_empty() {
+    /// Posts the writes the sender handed out, in order, as one batch.
+    /// Marks the connection failed on error.
+    pub(super) fn post_transmits(&self, s: &mut SendState<F>) {
+        let SendState { qp, staging, proto } = s;
+        let transmits = proto.transmits();
+        if transmits.is_empty() {
+            proto.on_posted(Ok(()));
             return;
         }
-        let SendState {
-            qp,
-            staging,
-            staged,
-            ..
-        } = s;
         let peer = self.peer;
         let result = match qp.as_mut() {
             Some(qp) => qp
-                .post_write_imm_batch(staged.len(), |i| {
-                    let w = &staged[i];
+                .post_write_imm_batch(transmits.len(), |i| {
+                    let t = &transmits[i];
                     WriteImm {
-                        wr_id: w.wr_id,
-                        local: w.local.map(|(off, len)| (&*staging, off, len)),
-                        remote_addr: peer.addr + w.local.map_or(0, |(off, _)| off as u64),
+                        wr_id: t.wr_id,
+                        local: t.local.map(|(off, len)| (&*staging, off, len)),
+                        remote_addr: peer.addr + t.local.map_or(0, |(off, _)| off as u64),
                         rkey: peer.rkey,
-                        imm: w.imm,
-                        signaled: w.signaled,
+                        imm: t.imm,
+                        signaled: t.signaled,
                     }
                 })
                 .map_err(|e| e.to_string()),
             None => Err("queue pair destroyed".to_owned()),
         };
-        staged.clear();
-        if let Err(why) = result {
-            s.dead.get_or_insert_with(|| why.clone());
-            self.set_failure(why);
+        if let Err(why) = &result {
+            self.set_failure(why.clone());
         }
+        proto.on_posted(result);
+    }
+
+    /// Moves queued frames into the peer's ring while there is room.
+    fn flush(s: &mut SendState<F>) {
+        let SendState { staging, proto, .. } = s;
+        proto.flush(|offset, frame| {
+            staging.write(offset, frame.len(), |buf| buf.copy_from_slice(frame));
+        });
     }
 
     /// The poller starts handling a batch of completions for this connection:
     /// writes are staged until [`Conn::after_batch`].
     pub(super) fn begin_batch(&self) {
-        self.send_state().batching = true;
+        self.send_state().proto.begin_batch();
     }
 
     pub(super) fn on_send_completion(&self, wr_id: u64) {
         let mut s = self.send_state();
-        s.completed = s.completed.max(wr_id);
-        self.flush(&mut s);
+        s.proto.on_completion(wr_id);
+        Self::flush(&mut s);
+        self.post_if_due(&mut s);
     }
 
     /// Handles a doorbell. `Ok(Some)` is a frame for the role; `Err` a protocol violation.
@@ -455,58 +340,38 @@ impl<F: Fabric> Conn<F> {
             None => Err(format!("invalid immediate {imm:#010x}")),
             Some(Doorbell::Credit { ack }) => {
                 let mut s = self.send_state();
-                apply_ack(&mut s.ring, ack).map_err(|e| format!("bad credit: {e}"))?;
-                self.flush(&mut s);
+                s.proto
+                    .on_ack(ack)
+                    .map_err(|e| format!("bad credit: {e}"))?;
+                Self::flush(&mut s);
+                self.post_if_due(&mut s);
                 Ok(None)
             }
             Some(Doorbell::Frame { offset_units }) => {
                 let mut recv = self.recv.lock().unwrap_or_else(|e| e.into_inner());
-                let slot = recv.locate(offset_units).map_err(|e| e.to_string())?;
-                let room = recv.room_at(slot);
-                if room < HEADER_LEN {
-                    return Err(format!(
-                        "frame at offset {} has no room for a header",
-                        slot.offset
-                    ));
-                }
-                let mut raw = [0u8; HEADER_LEN];
-                self.recv_region.copy_to(slot.offset, &mut raw);
-                let header = Header::decode(&raw).map_err(|e| format!("bad frame header: {e}"))?;
-                let len = header.frame_len();
-                let body = len - HEADER_LEN;
-                if body > max_message {
-                    return Err(format!(
-                        "frame body of {body} bytes exceeds the limit of {max_message}"
-                    ));
-                }
-                if len > room {
-                    return Err(format!(
-                        "frame of {len} bytes at offset {} runs past the ring",
-                        slot.offset
-                    ));
-                }
-                if byte_len != 0 && byte_len as usize != len {
-                    return Err(format!(
-                        "write of {byte_len} bytes carries a frame of {len}"
-                    ));
-                }
+                let arrived = recv.on_frame(offset_units, byte_len, max_message, |offset| {
+                    let mut raw = [0u8; HEADER_LEN];
+                    self.recv_region.copy_to(offset, &mut raw);
+                    raw
+                })?;
+                let header = arrived.header;
                 let md_len = header.metadata_len as usize;
+                let at = arrived.offset + HEADER_LEN;
                 let metadata = if md_len == 0 {
                     Some(Metadata::new())
                 } else {
-                    self.recv_region
-                        .read(slot.offset + HEADER_LEN, md_len, Metadata::decode)
+                    self.recv_region.read(at, md_len, Metadata::decode)
                 };
                 let mut payload = self.take_buffer();
-                payload.resize(body - md_len, 0);
-                self.recv_region
-                    .copy_to(slot.offset + HEADER_LEN + md_len, &mut payload);
-                recv.consume(slot, len).map_err(|e| e.to_string())?;
-                let consumed = recv.consumed();
+                payload.resize(header.payload_len as usize, 0);
+                self.recv_region.copy_to(at + md_len, &mut payload);
                 drop(recv);
+                // Copied out: only now may the credit go back.
                 let mut s = self.send_state();
-                s.credits.on_consumed(consumed);
-                apply_ack(&mut s.ring, header.ack).map_err(|e| format!("bad credit: {e}"))?;
+                s.proto.on_consumed(arrived.consumed);
+                s.proto
+                    .on_ack(header.ack)
+                    .map_err(|e| format!("bad credit: {e}"))?;
                 drop(s);
                 Ok(Some(Frame {
                     header,
@@ -521,39 +386,11 @@ impl<F: Fabric> Conn<F> {
     /// and post everything staged meanwhile.
     pub(super) fn after_batch(&self) {
         let mut s = self.send_state();
-        self.flush(&mut s);
-        // A quarter of the ring unreported, or few bytes that still block a
-        // sender whose next frame must wrap: either way, nothing may be
-        // flowing back to carry the ack, so send it alone.
-        if (s.credits.needs_explicit() || s.credits.may_stall_sender()) && s.dead.is_none() {
-            self.post_credit(&mut s, false);
-        }
-        s.batching = false;
-        if s.dead.is_none() {
-            self.post_staged(&mut s);
-        } else {
-            s.staged.clear();
-        }
-    }
-
-    /// Posts queued frames while the peer's ring and the send queue have room.
-    pub(super) fn flush(&self, s: &mut SendState<F>) {
-        while s.dead.is_none() && s.sq_room() {
-            let Some(len) = s.backlog.frames.front().map(Vec::len) else {
-                break;
-            };
-            let Ok(Some(slot)) = s.ring.reserve(len) else {
-                break;
-            };
-            let bytes = s.backlog.frames.pop_front().expect("front exists");
-            s.backlog.bytes -= len;
-            let ack = s.credits.take_ack();
-            s.staging.write(slot.offset, len, |buf| {
-                buf.copy_from_slice(&bytes);
-                buf[28..32].copy_from_slice(&ack.to_le_bytes());
-            });
-            self.post(s, slot.offset, len);
-        }
+        let SendState { staging, proto, .. } = &mut *s;
+        proto.end_batch(|offset, frame| {
+            staging.write(offset, frame.len(), |buf| buf.copy_from_slice(frame));
+        });
+        self.post_transmits(&mut s);
     }
 
     /// A buffer for an incoming message, reused if one was given back.
@@ -585,33 +422,21 @@ impl<F: Fabric> Conn<F> {
     /// executed: a reliable connection completes writes in order.
     pub(crate) fn post_fence(&self) -> Option<u64> {
         let mut s = self.send_state();
-        if s.dead.is_some() || !s.sq_room() {
-            return None;
-        }
-        let wr_id = self.post_credit(&mut s, true);
-        // Staged by a batch under way on this thread? Post it now anyway.
-        self.post_staged(&mut s);
+        let wr_id = s.proto.fence()?;
+        // Held by a batch under way on this thread? Post it now anyway.
+        self.post_transmits(&mut s);
         Some(wr_id)
     }
 
     /// Whether the write `wr_id` (and so every one before it) completed, or
     /// the connection died: either way nothing is left to wait for.
     pub(crate) fn completed_through(&self, wr_id: u64) -> bool {
-        let s = self.send_state();
-        s.dead.is_some() || s.completed >= wr_id
+        self.send_state().proto.completed_through(wr_id)
     }
 
     /// Whether frames wait to be posted: queued for the peer's ring, or
     /// staged until the batch being handled ends.
     pub(crate) fn has_unsent(&self) -> bool {
-        let s = self.send_state();
-        s.backlog.bytes > 0 || !s.staged.is_empty()
-    }
-}
-
-impl<F: Fabric> SendState<F> {
-    /// Room in the send queue for one more write (keeps one for a credit).
-    pub(super) fn sq_room(&self) -> bool {
-        self.posted - self.completed + 2 < self.sq_depth
+        self.send_state().proto.has_unsent()
     }
 }

@@ -21,17 +21,13 @@ use crate::fabric::{
 };
 use crate::idmap::IdMap;
 use crate::protocol::{
-    ALIGN, CallId, CreditReturn, Doorbell, FrameKind, HEADER_LEN, Header, RecvRing, SendRing,
-    credits::apply_ack,
+    ALIGN, CallId, Doorbell, FrameKind, HEADER_LEN, Header, Receiver, Reserved, SendError, Sender,
 };
 use crate::{Metadata, Status};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 
-/// One signaled write every this many, to reclaim send-queue entries.
-pub(crate) const SIGNAL_EVERY: usize = 16;
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 64;
 /// A decoded incoming frame, copied out of the ring.

@@ -135,6 +135,11 @@ impl Header {
         out[28..32].copy_from_slice(&self.ack.to_le_bytes());
     }
 
+    /// Replaces the ack of an encoded frame (`frame` starts with a header).
+    pub fn set_ack(frame: &mut [u8], ack: u32) {
+        frame[28..32].copy_from_slice(&ack.to_le_bytes());
+    }
+
     /// Parses untrusted bytes (at least [`HEADER_LEN`]; extra bytes are ignored).
     /// Never panics.
     ///

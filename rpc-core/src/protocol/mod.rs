@@ -1,5 +1,6 @@
 //! The wire protocol as pure state: frame headers, doorbells, ring
-//! arithmetic, credits and the call table.
+//! arithmetic, credits, the call table, and one connection's state machine
+//! built from them ([`connection`]).
 //!
 //! Nothing here touches memory registration, threads, sockets or clocks (time
 //! is passed in), so every corner is testable with plain unit and property
@@ -20,6 +21,7 @@
 //! ```
 
 pub mod calls;
+pub mod connection;
 pub mod credits;
 pub mod doorbell;
 pub mod header;
@@ -32,6 +34,8 @@ mod sim;
 // misbehaving peers (through `rpc_core::testing`).
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use calls::{CallId, CallTable};
+#[cfg_attr(not(feature = "testing"), allow(unused_imports))]
+pub use connection::{Arrived, Receiver, Reserved, SendError, Sender, Transmit};
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use credits::{CreditError, CreditReturn};
 pub use doorbell::Doorbell;

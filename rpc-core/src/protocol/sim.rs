@@ -1,32 +1,34 @@
-//! Simulated sender/receiver pair over the pure protocol (property tests).
+//! Two connection ends driven against each other (property tests).
 //!
-//! One direction of a connection, built only from [`SendRing`], [`RecvRing`],
-//! [`CreditReturn`], [`apply_ack`], [`Doorbell`] and [`Header`]:
+//! Each end is the real protocol state of a connection, a [`Sender`] and a
+//! [`Receiver`], as the dispatcher drives it; only the fabric is simulated,
+//! and only as much as reliable-connection semantics require:
 //!
-//! - the receiver's ring memory is a `Vec<u8>` of `capacity` bytes;
-//! - the sender reserves, writes a real encoded frame (header with
-//!   `call_id` = sequence number, metadata and payload cut from a
-//!   pseudo-random pattern at a shift derived from the sequence number) and
-//!   queues the doorbell immediate on the wire, a FIFO (RC delivers in order);
-//! - the receiver pops doorbells, locates and decodes the frame from memory,
-//!   checks it is exactly the next sequence number with intact bytes, and
-//!   consumes it;
-//! - credits flow back on a second FIFO, either piggy-backed in a frame
-//!   header or as an explicit credit doorbell, and the sender applies them.
+//! - each end has its ring memory and its staging area (`Vec<u8>`s);
+//! - a posted write copies the staging bytes into the peer's ring at once
+//!   (data lands no later than its doorbell) and queues its doorbell on the
+//!   wire, a FIFO per direction (RC delivers in order);
+//! - a delivered signaled write queues its completion for its sender.
 //!
-//! Every ring unit is tagged with the frame that owns it from reserve to
-//! consume, so a reserve landing on a live frame is caught at once, not only
-//! when corrupted bytes are read later.
+//! End A sends frames with `call_id` = sequence number and bodies cut from a
+//! pseudo-random pattern; end B checks each is exactly the next one, with
+//! intact bytes, and may send small frames back (which carry its credits,
+//! piggy-backed, as replies do). Both ends return credits as the dispatcher
+//! does at the end of a batch. Every unit of B's ring is tagged with the
+//! frame that owns it from reserve to consume, so a reserve landing on a
+//! live frame is caught at once, not only when corrupted bytes are read
+//! later. A frame that had to queue must go out once everything settles.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
 
 use proptest::prelude::*;
 
-use super::credits::{ACK_MODULUS, ack_for, apply_ack};
+use super::connection::SIGNAL_EVERY;
+use super::credits::{ACK_MODULUS, ack_for};
 use super::{
-    ALIGN, CallId, CreditError, CreditReturn, Doorbell, FrameKind, HEADER_LEN, Header, RecvRing,
-    RingError, SendRing, Slot, align_up,
+    ALIGN, CallId, CreditError, Doorbell, FrameKind, HEADER_LEN, Header, Receiver, Reserved,
+    SendError, Sender, Transmit, align_up,
 };
 
 /// Largest ring simulated.
@@ -35,6 +37,10 @@ const MAX_CAP: usize = 1 << 16;
 const SHIFTS: usize = 4093;
 /// Blocked sends per run checked for liveness (each clones the whole state).
 const LIVENESS_CHECKS: usize = 32;
+/// Bytes a sender may queue (large: the simulation never hits the limit).
+const MAX_BACKLOG: usize = 1 << 30;
+/// Settling rounds before declaring a deadlock.
+const MAX_ROUNDS: usize = 10_000;
 
 /// Pseudo-random bytes that frame bodies are cut from.
 fn pattern() -> Rc<[u8]> {
@@ -54,32 +60,108 @@ fn footprint(len: usize) -> usize {
     align_up(len.max(1))
 }
 
-/// A doorbell on the wire, with what the sender knew for cross-checks.
-#[derive(Debug, Clone)]
-struct Sent {
-    imm: u32,
-    seq: u64,
-    slot: Slot,
-    len: usize,
-}
-
-/// A credit return on its way back to the sender.
-#[derive(Debug, Clone)]
-enum Back {
-    /// Piggy-backed in the header of a frame going the other way.
-    Piggy([u8; HEADER_LEN]),
-    /// An explicit zero-length write's immediate.
-    Explicit(u32),
-}
-
-/// How the receiver returns credits while settling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CreditRule {
-    /// A piggy-backed ack at the end (a frame flows back).
-    Piggy,
-    /// Only explicit credits, when `needs_explicit() || may_stall_sender()`
-    /// after each consume (nothing flows back).
-    ExplicitOnly,
+enum Side {
+    A,
+    B,
+}
+
+/// One end of the connection.
+#[derive(Debug, Clone)]
+struct End {
+    tx: Sender,
+    rx: Receiver,
+    /// Where frames are encoded before they are written to the peer's ring.
+    staging: Vec<u8>,
+    /// The ring the peer writes into.
+    mem: Vec<u8>,
+    /// This end's writes on their way to the peer, in order.
+    wire: VecDeque<Transmit>,
+    /// This end's signaled writes that completed, not yet reported to it.
+    completions: VecDeque<u64>,
+    /// Whether its dispatcher is handling a batch of completions.
+    batching: bool,
+    /// Every ack its sender applied, for replaying old ones.
+    applied: Vec<u32>,
+}
+
+impl End {
+    fn new(cap: usize, base: u64, sq_depth: u64) -> End {
+        End {
+            tx: Sender::at_position(cap, cap, base, sq_depth, MAX_BACKLOG),
+            rx: Receiver::at_position(cap, base),
+            staging: vec![0; cap],
+            mem: vec![0; cap],
+            wire: VecDeque::new(),
+            completions: VecDeque::new(),
+            batching: false,
+            applied: Vec::new(),
+        }
+    }
+
+    /// Frames this end has handed to its sender and not yet put on the wire.
+    fn unsent_frames(&self) -> usize {
+        self.tx.queued()
+            + self
+                .tx
+                .transmits()
+                .iter()
+                .filter(|t| t.local.is_some())
+                .count()
+    }
+}
+
+/// Which units of B's ring belong to which of A's frames.
+#[derive(Debug, Clone)]
+struct Owners {
+    cap: usize,
+    owner: Vec<Option<u64>>,
+    owned_units: usize,
+    /// A's cumulative head, as placed frames say it must be.
+    head: u64,
+    wraps: u64,
+}
+
+impl Owners {
+    fn mark(&mut self, from: usize, to: usize, seq: u64) {
+        for unit in from / ALIGN..to / ALIGN {
+            assert_eq!(
+                self.owner[unit], None,
+                "frame {seq} reserved unit {unit}, still owned by an unconsumed frame"
+            );
+            self.owner[unit] = Some(seq);
+        }
+        self.owned_units += (to - from) / ALIGN;
+    }
+
+    /// A placed frame `seq` of `len` bytes at `offset`: it goes at the head
+    /// if it fits before the end of the ring, else at 0 with the end skipped.
+    fn claim(&mut self, offset: usize, len: usize, seq: u64) {
+        let at = (self.head % self.cap as u64) as usize;
+        let need = footprint(len);
+        if offset == at {
+            assert!(at + need <= self.cap, "frame {seq} runs past the ring");
+        } else {
+            assert_eq!(offset, 0, "frame {seq} neither at the head nor wrapped");
+            assert!(at + need > self.cap, "frame {seq} wrapped although it fit");
+            self.mark(at, self.cap, seq);
+            self.head += (self.cap - at) as u64;
+            self.wraps += 1;
+        }
+        self.mark(offset, offset + need, seq);
+        self.head += need as u64;
+    }
+
+    /// B released its ring from cumulative position `from` to `to`, all of
+    /// it frame `seq`'s.
+    fn release(&mut self, from: u64, to: u64, seq: u64) {
+        for pos in (from..to).step_by(ALIGN) {
+            let unit = (pos % self.cap as u64) as usize / ALIGN;
+            assert_eq!(self.owner[unit], Some(seq), "unit {unit} of frame {seq}");
+            self.owner[unit] = None;
+        }
+        self.owned_units -= ((to - from) / ALIGN as u64) as usize;
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -90,58 +172,72 @@ struct Stats {
     liveness_checks: usize,
     stale_acks: u64,
     explicit_credits: u64,
+    replies: u64,
 }
 
 #[derive(Debug, Clone)]
 struct Sim {
     cap: usize,
     pattern: Rc<[u8]>,
-    /// The receiver's ring memory.
-    mem: Vec<u8>,
-    /// Per ALIGN unit: the frame owning it, from reserve until consume.
-    owner: Vec<Option<u64>>,
-    owned_units: usize,
-    tx: SendRing,
+    a: End,
+    b: End,
+    owners: Owners,
+    /// A's frames: the next to send, and the next B expects.
     next_seq: u64,
-    wire: VecDeque<Sent>,
-    rx: RecvRing,
-    credits: CreditReturn,
     expected_seq: u64,
-    back: VecDeque<Back>,
-    /// Every ack the sender applied, for replaying old ones.
-    applied: Vec<u32>,
+    /// B's frames back: the next to send, and the next A expects.
+    next_reply: u64,
+    expected_reply: u64,
+    /// Fences A posted, all of which must complete.
+    fences: Vec<u64>,
     stats: Stats,
 }
 
 impl Sim {
-    /// Both sides empty at cumulative position `base` (ALIGN-aligned).
-    fn new(cap: usize, base: u64, pattern: Rc<[u8]>) -> Sim {
-        let mut credits = CreditReturn::new(cap);
-        credits.on_consumed(base);
-        let _ = credits.take_ack();
+    /// Both ends empty at cumulative position `base` (ALIGN-aligned).
+    fn new(cap: usize, base: u64, sq_depth: u64, pattern: Rc<[u8]>) -> Sim {
         Sim {
             cap,
             pattern,
-            mem: vec![0; cap],
-            owner: vec![None; cap / ALIGN],
-            owned_units: 0,
-            tx: SendRing::at_position(cap, base),
+            a: End::new(cap, base, sq_depth),
+            b: End::new(cap, base, sq_depth),
+            owners: Owners {
+                cap,
+                owner: vec![None; cap / ALIGN],
+                owned_units: 0,
+                head: base,
+                wraps: 0,
+            },
             next_seq: 0,
-            wire: VecDeque::new(),
-            rx: RecvRing::at_position(cap, base),
-            credits,
             expected_seq: 0,
-            back: VecDeque::new(),
-            applied: Vec::new(),
+            next_reply: 0,
+            expected_reply: 0,
+            fences: Vec::new(),
             stats: Stats::default(),
         }
     }
 
-    fn body(&self, seq: u64, len: usize) -> &[u8] {
-        let shift = (seq.wrapping_mul(0x9e37_79b9) % SHIFTS as u64) as usize;
-        &self.pattern[shift..shift + len]
+    fn end(&mut self, side: Side) -> &mut End {
+        match side {
+            Side::A => &mut self.a,
+            Side::B => &mut self.b,
+        }
     }
 
+    /// `side`'s end and its peer.
+    fn ends(&mut self, side: Side) -> (&mut End, &mut End) {
+        match side {
+            Side::A => (&mut self.a, &mut self.b),
+            Side::B => (&mut self.b, &mut self.a),
+        }
+    }
+
+    fn body(pattern: &[u8], seq: u64, len: usize) -> &[u8] {
+        let shift = (seq.wrapping_mul(0x9e37_79b9) % SHIFTS as u64) as usize;
+        &pattern[shift..shift + len]
+    }
+
+    /// A's frame `seq` of `len` bytes, but for the ack.
     fn header_for(seq: u64, len: usize) -> Header {
         let body = len - HEADER_LEN;
         let metadata_len = if seq % 2 == 0 {
@@ -157,304 +253,394 @@ impl Sim {
             payload_len: (body - metadata_len) as u32,
             metadata_len: metadata_len as u16,
             timeout_us: (seq % 1000) as u32,
-            ack: seq.wrapping_mul(7) as u32,
+            ack: 0,
         }
     }
 
-    fn claim(&mut self, from: usize, to: usize, seq: u64) {
-        for unit in from / ALIGN..to / ALIGN {
-            assert_eq!(
-                self.owner[unit], None,
-                "frame {seq} reserved unit {unit}, still owned by an unconsumed frame"
-            );
-            self.owner[unit] = Some(seq);
-        }
-        self.owned_units += (to - from) / ALIGN;
+    /// Encodes A's frame `seq` into `out` (exactly its length).
+    fn encode(pattern: &[u8], seq: u64, ack: u32, out: &mut [u8]) {
+        let mut header = Self::header_for(seq, out.len());
+        header.ack = ack;
+        header.encode((&mut out[..HEADER_LEN]).try_into().unwrap());
+        let body = Self::body(pattern, seq, out.len() - HEADER_LEN);
+        out[HEADER_LEN..].copy_from_slice(body);
     }
 
-    fn unclaim(&mut self, from: usize, to: usize, seq: u64) {
-        for unit in from / ALIGN..to / ALIGN {
-            assert_eq!(self.owner[unit], Some(seq), "unit {unit} of frame {seq}");
-            self.owner[unit] = None;
-        }
-        self.owned_units -= (to - from) / ALIGN;
-    }
-
-    /// The sender tries to send a frame of `len` bytes (header included).
-    fn send(&mut self, len: usize) {
-        assert!((HEADER_LEN..=self.tx.max_frame()).contains(&len));
-        let (head, tail) = (self.tx.head(), self.tx.tail());
-        let fits = self.tx.fits(len);
-        let reserved = self.tx.reserve(len).expect("at most max_frame");
-        assert_eq!(reserved.is_some(), fits, "fits() agrees with reserve()");
-        let Some(slot) = reserved else {
-            assert_eq!((self.tx.head(), self.tx.tail()), (head, tail));
-            self.stats.blocked += 1;
-            if self.stats.liveness_checks < LIVENESS_CHECKS {
-                self.stats.liveness_checks += 1;
-                self.check_unblocks(len);
-            }
-            return;
-        };
-        let off = (head % self.cap as u64) as usize;
-        let need = footprint(len);
-        if slot.skipped == 0 {
-            assert_eq!(slot.offset, off);
-            assert!(off + need <= self.cap);
-        } else {
-            assert_eq!(
-                slot,
-                Slot {
-                    offset: 0,
-                    skipped: self.cap - off
-                }
-            );
-            assert!(need > slot.skipped, "wrapped although the frame fit");
-            self.stats.wraps += 1;
-        }
-        assert_eq!(self.tx.head(), head + (slot.skipped + need) as u64);
-        assert!(self.tx.in_flight() <= self.cap as u64);
-
+    /// A sends a frame of `len` bytes (header included); `cork` holds it
+    /// for the frames that follow.
+    fn send(&mut self, len: usize, cork: bool) {
+        assert!((HEADER_LEN..=self.cap / 2).contains(&len));
         let seq = self.next_seq;
         self.next_seq += 1;
-        if slot.skipped > 0 {
-            self.claim(off, self.cap, seq);
-        }
-        self.claim(slot.offset, slot.offset + need, seq);
-
-        let header = Self::header_for(seq, len);
-        assert_eq!(header.frame_len(), len);
-        let mut bytes = [0; HEADER_LEN];
-        header.encode(&mut bytes);
-        let at = slot.offset;
-        self.mem[at..at + HEADER_LEN].copy_from_slice(&bytes);
-        let body = self.body(seq, len - HEADER_LEN).to_vec();
-        self.mem[at + HEADER_LEN..at + len].copy_from_slice(&body);
-
-        let offset_units = u32::try_from(slot.offset / ALIGN).unwrap();
-        self.wire.push_back(Sent {
-            imm: Doorbell::Frame { offset_units }.encode(),
-            seq,
-            slot,
-            len,
-        });
         self.stats.sent += 1;
-    }
-
-    /// A blocked send must go through once everything in flight is
-    /// delivered, consumed and credited, under either credit rule.
-    fn check_unblocks(&self, len: usize) {
-        for rule in [CreditRule::Piggy, CreditRule::ExplicitOnly] {
-            let mut settled = self.clone();
-            settled.settle(rule);
-            assert!(
-                settled.tx.fits(len),
-                "deadlock under {rule:?}: {len}-byte frame blocked with {} in flight, head {}",
-                settled.tx.in_flight(),
-                settled.tx.head(),
-            );
-            assert!(settled.tx.reserve(len).unwrap().is_some());
+        match self.a.tx.reserve(len, false) {
+            Ok(Reserved::Ring { offset, ack }) => {
+                self.owners.claim(offset, len, seq);
+                assert_eq!(self.owners.head, self.a.tx.ring().head());
+                Self::encode(
+                    &self.pattern,
+                    seq,
+                    ack,
+                    &mut self.a.staging[offset..offset + len],
+                );
+                self.a.tx.sent(offset, len, cork);
+                self.post(Side::A, false);
+            }
+            Ok(Reserved::Queue) => {
+                let mut frame = vec![0; len];
+                Self::encode(&self.pattern, seq, 0, &mut frame);
+                self.a.tx.queue(frame);
+                self.stats.blocked += 1;
+                if self.stats.liveness_checks < LIVENESS_CHECKS {
+                    self.stats.liveness_checks += 1;
+                    let mut settled = self.clone();
+                    settled.settle();
+                    assert!(settled.expected_seq > seq, "queued frame {seq} never sent");
+                }
+            }
+            Err(e) => panic!("frame {seq} of {len} bytes refused: {e:?}"),
         }
     }
 
-    /// The receiver handles the next doorbell. False if the wire is empty.
-    fn deliver(&mut self) -> bool {
-        let Some(sent) = self.wire.pop_front() else {
-            return false;
-        };
-        let Some(Doorbell::Frame { offset_units }) = Doorbell::decode(sent.imm) else {
-            panic!("bad doorbell {:#x}", sent.imm);
-        };
-        let slot = self
-            .rx
-            .locate(offset_units)
-            .expect("doorbell at the expected head");
-        assert_eq!(slot, sent.slot, "receiver and sender agree on the slot");
-        let room = self.rx.room_at(slot);
-        assert!(room >= HEADER_LEN);
-        let at = slot.offset;
-        let header = Header::decode(&self.mem[at..at + HEADER_LEN]).expect("intact header");
-        let seq = self.expected_seq;
-        assert_eq!(
-            header.call_id,
-            CallId(seq),
-            "frame lost, duplicated or reordered"
-        );
-        assert_eq!(sent.seq, seq);
-        let len = header.frame_len();
-        assert!(len <= room);
-        assert_eq!(len, sent.len);
-        assert_eq!(header, Self::header_for(seq, len));
-        assert!(
-            self.mem[at + HEADER_LEN..at + len] == *self.body(seq, len - HEADER_LEN),
-            "body of frame {seq} corrupted"
-        );
-
-        let need = footprint(len);
-        if slot.skipped > 0 {
-            self.unclaim(self.cap - slot.skipped, self.cap, seq);
-        }
-        self.unclaim(at, at + need, seq);
-        let before = self.rx.consumed();
-        self.rx.consume(slot, len).expect("valid frame");
-        assert_eq!(self.rx.consumed(), before + (slot.skipped + need) as u64);
-        // A consumed frame must never be read again: poison it.
-        self.mem[at..at + need].fill(0xee);
-        self.credits.on_consumed(self.rx.consumed());
-        self.expected_seq += 1;
-        true
-    }
-
-    /// The receiver piggy-backs its ack on a frame going back.
-    fn return_piggy(&mut self) {
-        let ack = self.credits.take_ack();
-        assert_eq!(ack, ack_for(self.rx.consumed()));
-        assert_eq!(self.credits.unreported(), 0);
-        let header = Header {
-            kind: FrameKind::Credit,
+    /// B sends a small frame back (a reply), carrying its credits.
+    fn reply(&mut self, len: usize, in_turn: bool) {
+        let seq = self.next_reply;
+        self.next_reply += 1;
+        self.stats.replies += 1;
+        let header = |ack| Header {
+            kind: FrameKind::Response,
             status: 0,
             method_id: 0,
-            call_id: CallId(0),
-            payload_len: 0,
+            call_id: CallId(seq),
+            payload_len: (len - HEADER_LEN) as u32,
             metadata_len: 0,
             timeout_us: 0,
             ack,
         };
-        let mut bytes = [0; HEADER_LEN];
-        header.encode(&mut bytes);
-        self.back.push_back(Back::Piggy(bytes));
-    }
-
-    /// The receiver sends an explicit credit doorbell if one is due.
-    fn return_explicit(&mut self) {
-        if self.credits.needs_explicit() || self.credits.may_stall_sender() {
-            let ack = self.credits.take_ack();
-            self.back
-                .push_back(Back::Explicit(Doorbell::Credit { ack }.encode()));
-            self.stats.explicit_credits += 1;
+        match self.b.tx.reserve(len, false) {
+            Ok(Reserved::Ring { offset, ack }) => {
+                let out = &mut self.b.staging[offset..offset + len];
+                header(ack).encode((&mut out[..HEADER_LEN]).try_into().unwrap());
+                out[HEADER_LEN..].fill(seq as u8);
+                self.b.tx.sent(offset, len, false);
+                self.post(Side::B, in_turn);
+            }
+            Ok(Reserved::Queue) => {
+                let mut frame = vec![seq as u8; len];
+                header(0).encode((&mut frame[..HEADER_LEN]).try_into().unwrap());
+                self.b.tx.queue(frame);
+            }
+            Err(e) => panic!("reply {seq} refused: {e:?}"),
         }
     }
 
-    /// The sender handles the next credit return. False if none is pending.
-    fn deliver_credit(&mut self) -> bool {
-        let Some(msg) = self.back.pop_front() else {
+    /// Posts `side`'s writes if they are due (`in_turn`: the caller is its
+    /// dispatcher, within a batch).
+    fn post(&mut self, side: Side, in_turn: bool) {
+        if self.end(side).tx.should_post(in_turn) {
+            self.post_now(side);
+        }
+    }
+
+    /// Posts `side`'s writes: bytes land in the peer's ring, doorbells go
+    /// on the wire.
+    fn post_now(&mut self, side: Side) {
+        let (from, to) = self.ends(side);
+        for t in from.tx.transmits() {
+            if let Some((off, len)) = t.local {
+                to.mem[off..off + len].copy_from_slice(&from.staging[off..off + len]);
+            }
+            from.wire.push_back(*t);
+        }
+        from.tx.on_posted(Ok(()));
+    }
+
+    /// Moves `side`'s queued frames into the peer's ring where there is room.
+    fn flush(&mut self, side: Side, end_batch: bool) {
+        let (end, owners) = match side {
+            Side::A => (&mut self.a, Some(&mut self.owners)),
+            Side::B => (&mut self.b, None),
+        };
+        let End { tx, staging, .. } = end;
+        let mut owners = owners;
+        let write = |offset: usize, frame: &[u8]| {
+            if let Some(owners) = owners.as_deref_mut() {
+                let header = Header::decode(frame).expect("queued frame");
+                owners.claim(offset, frame.len(), header.call_id.0);
+            }
+            staging[offset..offset + frame.len()].copy_from_slice(frame);
+        };
+        if end_batch {
+            tx.end_batch(write);
+        } else {
+            tx.flush(write);
+        }
+        if side == Side::A {
+            assert_eq!(self.owners.head, self.a.tx.ring().head());
+        }
+    }
+
+    /// `side` handles the next doorbell from its peer. False if none.
+    fn deliver(&mut self, side: Side) -> bool {
+        let Sim {
+            cap,
+            pattern,
+            a,
+            b,
+            owners,
+            expected_seq,
+            expected_reply,
+            stats,
+            ..
+        } = self;
+        let (to, from) = match side {
+            Side::A => (a, b),
+            Side::B => (b, a),
+        };
+        let Some(t) = from.wire.pop_front() else {
             return false;
         };
-        let ack = match msg {
-            Back::Piggy(bytes) => Header::decode(&bytes).expect("intact header").ack,
-            Back::Explicit(imm) => match Doorbell::decode(imm) {
-                Some(Doorbell::Credit { ack }) => ack,
-                other => panic!("bad credit doorbell {imm:#x}: {other:?}"),
-            },
-        };
-        let tail = self.tx.tail();
-        let released = apply_ack(&mut self.tx, ack).expect("acks from the receiver are valid");
-        assert_eq!(released % ALIGN as u64, 0);
-        assert_eq!(self.tx.tail(), tail + released);
-        // In-order acks each land exactly on the position they denote.
-        assert_eq!(ack_for(self.tx.tail()), ack);
-        self.applied.push(ack);
+        if t.signaled {
+            from.completions.push_back(t.wr_id);
+        }
+        if !to.batching {
+            to.batching = true;
+            to.tx.begin_batch();
+        }
+        match Doorbell::decode(t.imm) {
+            Some(Doorbell::Credit { ack }) => {
+                assert_eq!(t.local, None, "a credit carries no bytes");
+                to.tx.on_ack(ack).expect("credits from the peer are valid");
+                to.applied.push(ack);
+                if side == Side::A {
+                    stats.explicit_credits += 1;
+                }
+                self.flush(side, false);
+            }
+            Some(Doorbell::Frame { offset_units }) => {
+                let (off, len) = t.local.expect("a frame carries bytes");
+                assert_eq!(off, offset_units as usize * ALIGN);
+                let before = to.rx.consumed();
+                let mem = &to.mem;
+                let arrived = to
+                    .rx
+                    .on_frame(offset_units, len as u32, *cap, |at| {
+                        mem[at..at + HEADER_LEN].try_into().unwrap()
+                    })
+                    .expect("a valid frame");
+                assert_eq!(arrived.offset, off);
+                let header = arrived.header;
+                assert_eq!(header.frame_len(), len);
+                let body = &to.mem[off + HEADER_LEN..off + len];
+                match side {
+                    Side::B => {
+                        let seq = *expected_seq;
+                        assert_eq!(
+                            header.call_id,
+                            CallId(seq),
+                            "frame lost, duplicated or reordered"
+                        );
+                        assert_eq!(Header { ack: 0, ..header }, Self::header_for(seq, len));
+                        assert!(
+                            body == Self::body(pattern, seq, len - HEADER_LEN),
+                            "body of frame {seq} corrupted"
+                        );
+                        owners.release(before, arrived.consumed, seq);
+                        *expected_seq += 1;
+                    }
+                    Side::A => {
+                        let seq = *expected_reply;
+                        assert_eq!(header.call_id, CallId(seq), "reply lost or reordered");
+                        assert!(body.iter().all(|&b| b == seq as u8));
+                        *expected_reply += 1;
+                    }
+                }
+                // A consumed frame must never be read again: poison it.
+                to.mem[off..off + footprint(len)].fill(0xee);
+                to.tx.on_consumed(arrived.consumed);
+                to.tx
+                    .on_ack(header.ack)
+                    .expect("piggy-backed credits are valid");
+                to.applied.push(header.ack);
+            }
+            None => panic!("bad doorbell {:#x}", t.imm),
+        }
+        self.post(side, true);
         true
     }
 
-    /// The sender sees an ack it already applied again: nothing changes.
+    /// `side`'s dispatcher ends its batch: flush, credits due, post.
+    fn end_batch(&mut self, side: Side) -> bool {
+        if !self.end(side).batching {
+            return false;
+        }
+        self.flush(side, true);
+        self.end(side).batching = false;
+        self.post_now(side);
+        true
+    }
+
+    /// `side` sees its next send completion. False if none.
+    fn complete(&mut self, side: Side) -> bool {
+        let Some(wr_id) = self.end(side).completions.pop_front() else {
+            return false;
+        };
+        self.end(side).tx.on_completion(wr_id);
+        self.flush(side, false);
+        self.post(side, true);
+        true
+    }
+
+    /// A's caller stops holding its corked frames.
+    fn uncork(&mut self) {
+        if self.a.tx.uncork() {
+            self.post(Side::A, false);
+        }
+    }
+
+    /// A posts a fence, if the send queue has room.
+    fn fence(&mut self) {
+        if let Some(wr_id) = self.a.tx.fence() {
+            self.post_now(Side::A);
+            self.fences.push(wr_id);
+        }
+    }
+
+    /// A sees an ack it already applied again: nothing changes.
     fn duplicate_old_ack(&mut self, which: usize) {
-        if self.applied.is_empty() {
+        if self.a.applied.is_empty() {
             return;
         }
-        let ack = self.applied[which % self.applied.len()];
-        let (head, tail) = (self.tx.head(), self.tx.tail());
-        assert_eq!(apply_ack(&mut self.tx, ack), Ok(0), "old ack {ack}");
-        assert_eq!((self.tx.head(), self.tx.tail()), (head, tail));
+        let ack = self.a.applied[which % self.a.applied.len()];
+        let (head, tail) = (self.a.tx.ring().head(), self.a.tx.ring().tail());
+        assert_eq!(self.a.tx.on_ack(ack), Ok(()), "old ack {ack}");
+        assert_eq!(
+            (self.a.tx.ring().head(), self.a.tx.ring().tail()),
+            (head, tail)
+        );
         self.stats.stale_acks += 1;
     }
 
     /// An ack ahead of everything written is refused and changes nothing.
     fn bogus_ack(&mut self, ahead_units: u16) {
+        let ring = self.a.tx.ring();
         let ahead = u64::from(ahead_units.max(1));
-        let ack = ack_for(self.tx.head() + ahead * ALIGN as u64);
-        let (head, tail) = (self.tx.head(), self.tx.tail());
-        let in_flight = self.tx.in_flight() / ALIGN as u64;
+        let ack = ack_for(ring.head() + ahead * ALIGN as u64);
+        let (head, tail) = (ring.head(), ring.tail());
+        let in_flight = ring.in_flight() / ALIGN as u64;
         assert_eq!(
-            apply_ack(&mut self.tx, ack),
+            self.a.tx.on_ack(ack),
             Err(CreditError::TooMuch {
                 units: in_flight + ahead,
                 in_flight
             })
         );
-        assert_eq!((self.tx.head(), self.tx.tail()), (head, tail));
+        assert_eq!(
+            (self.a.tx.ring().head(), self.a.tx.ring().tail()),
+            (head, tail)
+        );
     }
 
-    /// A frame over `max_frame` is refused for good and changes nothing.
+    /// A frame over the ring's limit is refused for good and changes nothing.
     fn send_too_large(&mut self, extra: u16) {
-        let len = self.tx.max_frame() + 1 + usize::from(extra);
-        let (head, tail) = (self.tx.head(), self.tx.tail());
-        assert!(!self.tx.fits(len));
-        assert_eq!(self.tx.reserve(len), Err(RingError::TooLarge(len)));
-        assert_eq!((self.tx.head(), self.tx.tail()), (head, tail));
+        let len = self.cap / 2 + 1 + usize::from(extra);
+        let (head, tail) = (self.a.tx.ring().head(), self.a.tx.ring().tail());
+        assert!(matches!(
+            self.a.tx.reserve(len, false),
+            Err(SendError::TooLarge { .. })
+        ));
+        assert_eq!(
+            (self.a.tx.ring().head(), self.a.tx.ring().tail()),
+            (head, tail)
+        );
     }
 
-    /// Delivers every frame and every credit, returning credits by `rule`.
-    fn settle(&mut self, rule: CreditRule) {
-        if rule == CreditRule::ExplicitOnly {
-            // The receiver applies the rule after every consume, including
-            // the last one before settling.
-            self.return_explicit();
-        }
-        loop {
-            while self.deliver() {
-                if rule == CreditRule::ExplicitOnly {
-                    self.return_explicit();
+    /// Runs both ends until nothing moves: every frame delivered, every
+    /// queue empty.
+    fn settle(&mut self) {
+        self.uncork();
+        for _ in 0..MAX_ROUNDS {
+            let mut moved = false;
+            for side in [Side::B, Side::A] {
+                while self.deliver(side) {
+                    moved = true;
                 }
             }
-            if !self.deliver_credit() && self.wire.is_empty() {
+            for side in [Side::A, Side::B] {
+                moved |= self.end_batch(side);
+                while self.complete(side) {
+                    moved = true;
+                }
+            }
+            if !moved {
                 break;
             }
         }
-        if rule == CreditRule::Piggy {
-            self.return_piggy();
-            while self.deliver_credit() {}
-            assert_eq!(self.tx.in_flight(), 0);
+        for end in [&self.a, &self.b] {
+            assert!(
+                end.wire.is_empty() && end.completions.is_empty() && !end.tx.has_unsent(),
+                "deadlock: {} frames and {} writes stuck",
+                end.unsent_frames(),
+                end.wire.len(),
+            );
         }
+        assert_eq!(self.expected_seq, self.next_seq, "every frame delivered");
+        assert_eq!(
+            self.expected_reply, self.next_reply,
+            "every reply delivered"
+        );
         self.check_invariants();
     }
 
     fn check_invariants(&self) {
-        let (tail, consumed, head) = (self.tx.tail(), self.rx.consumed(), self.tx.head());
+        let ring = self.a.tx.ring();
+        let (tail, consumed, head) = (ring.tail(), self.b.rx.consumed(), ring.head());
         assert!(
             tail <= consumed && consumed <= head,
             "credits not conserved: tail {tail} consumed {consumed} head {head}"
         );
-        assert!(self.tx.in_flight() <= self.cap as u64);
+        assert!(ring.in_flight() <= self.cap as u64);
         assert_eq!(
-            (self.owned_units * ALIGN) as u64,
+            (self.owners.owned_units * ALIGN) as u64,
             head - consumed,
             "reserved-but-unconsumed bytes are exactly the owned ones"
         );
-        assert_eq!(self.wire.len() as u64, self.next_seq - self.expected_seq);
-        assert!(self.credits.unreported() <= consumed - tail);
+        let on_wire = self.a.wire.iter().filter(|t| t.local.is_some()).count();
+        assert_eq!(
+            (on_wire + self.a.unsent_frames()) as u64,
+            self.next_seq - self.expected_seq,
+            "every frame sent is on the wire, queued or delivered"
+        );
+        assert!(self.b.tx.credits().unreported() <= consumed - tail);
     }
 
     fn apply(&mut self, action: &Action) {
-        let max = self.tx.max_frame();
+        let max = self.cap / 2;
         match *action {
-            Action::SendSmall(n) => self.send(HEADER_LEN + usize::from(n) % 257),
-            Action::SendAny(n) => self.send(HEADER_LEN + n as usize % (max - HEADER_LEN + 1)),
-            Action::SendMax => self.send(max),
-            Action::SendTooLarge(extra) => self.send_too_large(extra),
-            Action::Deliver => {
-                self.deliver();
+            Action::SendSmall(n) => self.send(HEADER_LEN + usize::from(n) % 257, false),
+            Action::SendAny(n) => {
+                self.send(HEADER_LEN + n as usize % (max - HEADER_LEN + 1), false);
             }
-            Action::DeliverBurst(n) => {
+            Action::SendMax => self.send(max, false),
+            Action::SendCorked(n) => self.send(HEADER_LEN + usize::from(n) % 257, true),
+            Action::Uncork => self.uncork(),
+            Action::SendTooLarge(extra) => self.send_too_large(extra),
+            Action::Deliver(side) => {
+                self.deliver(side);
+            }
+            Action::DeliverBurst(side, n) => {
                 for _ in 0..n {
-                    self.deliver();
+                    self.deliver(side);
                 }
             }
-            Action::ReturnPiggy => self.return_piggy(),
-            Action::ReturnExplicit => self.return_explicit(),
-            Action::DeliverCredit => {
-                self.deliver_credit();
+            Action::EndBatch(side) => {
+                self.end_batch(side);
             }
+            Action::Complete(side) => {
+                self.complete(side);
+            }
+            Action::Reply(n, in_turn) => self.reply(HEADER_LEN + usize::from(n) % 64, in_turn),
+            Action::Fence => self.fence(),
             Action::DuplicateOldAck(which) => self.duplicate_old_ack(which),
             Action::BogusAck(ahead) => self.bogus_ack(ahead),
         }
@@ -463,46 +649,70 @@ impl Sim {
 
     /// After the run: everything drains, nothing is lost, the ring is whole.
     fn finish(mut self) -> Stats {
-        self.settle(CreditRule::Piggy);
-        assert_eq!(self.expected_seq, self.next_seq, "every frame delivered");
-        assert_eq!(self.tx.in_flight(), 0);
-        assert_eq!(self.tx.tail(), self.rx.consumed());
-        assert_eq!(self.tx.head(), self.rx.consumed());
-        assert_eq!(self.cap as u64 - self.tx.in_flight(), self.cap as u64);
-        assert_eq!(self.owned_units, 0);
-        assert_eq!(self.credits.unreported(), 0);
-        let max = self.tx.max_frame();
-        assert!(self.tx.fits(max));
-        self.send(max);
-        assert!(self.deliver());
+        self.settle();
+        // A reply carries B's last credits.
+        self.reply(HEADER_LEN, false);
+        self.settle();
+        let ring = self.a.tx.ring();
+        assert_eq!(ring.in_flight(), 0);
+        assert_eq!(ring.tail(), self.b.rx.consumed());
+        assert_eq!(self.owners.owned_units, 0);
+        assert_eq!(self.b.tx.credits().unreported(), 0);
+        for &fence in &self.fences {
+            assert!(
+                self.a.tx.completed_through(fence),
+                "fence {fence} completed"
+            );
+        }
+        let expected = self.expected_seq;
+        self.send(self.cap / 2, false);
+        assert_eq!(
+            self.a.tx.queued(),
+            0,
+            "a whole free ring takes the largest frame"
+        );
+        self.settle();
+        assert_eq!(self.expected_seq, expected + 1);
+        self.stats.wraps = self.owners.wraps;
         self.stats
     }
 }
 
 #[derive(Debug, Clone)]
 enum Action {
-    /// Send a frame of at most 256 bytes after the header.
+    /// A sends a frame of at most 256 bytes after the header.
     SendSmall(u16),
-    /// Send a frame of any length up to `max_frame`.
+    /// A sends a frame of any length up to the ring's limit.
     SendAny(u32),
-    /// Send a frame of exactly `max_frame`.
+    /// A sends a frame of exactly the ring's limit.
     SendMax,
-    /// Try a frame over `max_frame`.
+    /// A sends a small frame, corked.
+    SendCorked(u16),
+    /// A's caller uncorks.
+    Uncork,
+    /// A tries a frame over the ring's limit.
     SendTooLarge(u16),
-    /// The receiver handles one doorbell.
-    Deliver,
-    /// The receiver handles up to this many doorbells.
-    DeliverBurst(u8),
-    /// The receiver piggy-backs its ack on a frame going back.
-    ReturnPiggy,
-    /// The receiver sends an explicit credit, if due.
-    ReturnExplicit,
-    /// The sender handles one credit return.
-    DeliverCredit,
-    /// The sender sees an old ack again.
+    /// An end handles one doorbell.
+    Deliver(Side),
+    /// An end handles up to this many doorbells.
+    DeliverBurst(Side, u8),
+    /// An end's dispatcher ends its batch.
+    EndBatch(Side),
+    /// An end sees one send completion.
+    Complete(Side),
+    /// B sends a reply of at most 63 bytes after the header, from its
+    /// dispatcher's turn or not.
+    Reply(u8, bool),
+    /// A posts a fence.
+    Fence,
+    /// A sees an old ack again.
     DuplicateOldAck(usize),
-    /// The sender sees an ack ahead of what it wrote.
+    /// A sees an ack ahead of what it wrote.
     BogusAck(u16),
+}
+
+fn side() -> impl Strategy<Value = Side> {
+    prop_oneof![Just(Side::A), Just(Side::B)]
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -510,12 +720,16 @@ fn action() -> impl Strategy<Value = Action> {
         6 => any::<u16>().prop_map(Action::SendSmall),
         4 => any::<u32>().prop_map(Action::SendAny),
         1 => Just(Action::SendMax),
+        2 => any::<u16>().prop_map(Action::SendCorked),
+        1 => Just(Action::Uncork),
         1 => any::<u16>().prop_map(Action::SendTooLarge),
-        6 => Just(Action::Deliver),
-        1 => (1u8..16).prop_map(Action::DeliverBurst),
-        2 => Just(Action::ReturnPiggy),
-        2 => Just(Action::ReturnExplicit),
-        4 => Just(Action::DeliverCredit),
+        6 => Just(Action::Deliver(Side::B)),
+        2 => Just(Action::Deliver(Side::A)),
+        1 => (side(), 1u8..16).prop_map(|(s, n)| Action::DeliverBurst(s, n)),
+        3 => side().prop_map(Action::EndBatch),
+        3 => side().prop_map(Action::Complete),
+        2 => (any::<u8>(), any::<bool>()).prop_map(|(n, t)| Action::Reply(n, t)),
+        1 => Just(Action::Fence),
         1 => any::<usize>().prop_map(Action::DuplicateOldAck),
         1 => any::<u16>().prop_map(Action::BogusAck),
     ]
@@ -523,6 +737,12 @@ fn action() -> impl Strategy<Value = Action> {
 
 fn capacity() -> impl Strategy<Value = usize> {
     (12u32..=16).prop_map(|shift| 1usize << shift)
+}
+
+/// Send-queue depth: barely more than a signaling interval (writes queue
+/// for the send queue, not only for the ring), typical, or unlimited.
+fn sq_depth() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(SIGNAL_EVERY + 3), Just(128u64), Just(1u64 << 20)]
 }
 
 /// Starting cumulative position in bytes: zero, just before a lap of the
@@ -544,12 +764,13 @@ proptest! {
     })]
 
     #[test]
-    fn prop_sim_sender_receiver(
+    fn prop_sim_connection_pair(
         cap in capacity(),
         base in base(),
+        sq_depth in sq_depth(),
         actions in proptest::collection::vec(action(), 1..=500),
     ) {
-        let mut sim = Sim::new(cap, base, pattern());
+        let mut sim = Sim::new(cap, base, sq_depth, pattern());
         for action in &actions {
             sim.apply(action);
         }
@@ -563,7 +784,7 @@ proptest! {
 fn sim_fixed_schedule_covers_wraps_blocking_and_modulus() {
     let cap = 4096;
     let base = (ACK_MODULUS - 100) * ALIGN as u64;
-    let mut sim = Sim::new(cap, base, pattern());
+    let mut sim = Sim::new(cap, base, SIGNAL_EVERY + 3, pattern());
     let mut x: u64 = 0x1234_5678_9abc_def1;
     let mut next = move || {
         x ^= x << 13;
@@ -573,19 +794,24 @@ fn sim_fixed_schedule_covers_wraps_blocking_and_modulus() {
     };
     for _ in 0..20_000 {
         let r = next();
-        let action = match r % 16 {
-            0..=3 => Action::SendSmall((r >> 8) as u16),
-            4..=6 => Action::SendAny((r >> 8) as u32),
-            7 => Action::SendMax,
-            8..=10 => Action::Deliver,
-            11 => Action::ReturnPiggy,
-            12 => Action::ReturnExplicit,
-            13 | 14 => Action::DeliverCredit,
-            _ => Action::DuplicateOldAck((r >> 8) as usize),
+        let side = if r & 256 == 0 { Side::A } else { Side::B };
+        let action = match r % 24 {
+            0..=2 => Action::SendSmall((r >> 9) as u16),
+            3 => Action::SendAny((r >> 9) as u32),
+            4 if r & 1024 == 0 => Action::SendMax,
+            4 | 5 => Action::SendCorked((r >> 9) as u16),
+            6..=10 => Action::Deliver(Side::B),
+            11..=13 => Action::Deliver(Side::A),
+            14..=15 => Action::EndBatch(side),
+            16..=17 => Action::Complete(side),
+            18 => Action::Reply((r >> 9) as u8, r & 512 == 0),
+            19 => Action::Uncork,
+            20 => Action::Fence,
+            _ => Action::DuplicateOldAck((r >> 9) as usize),
         };
         sim.apply(&action);
     }
-    let crossed = sim.rx.consumed() > ACK_MODULUS * ALIGN as u64;
+    let crossed = sim.b.rx.consumed() > ACK_MODULUS * ALIGN as u64;
     let stats = sim.finish();
     assert!(crossed, "the run crosses the 2^30-unit ack modulus");
     assert!(stats.sent > 1000, "{stats:?}");
@@ -593,4 +819,5 @@ fn sim_fixed_schedule_covers_wraps_blocking_and_modulus() {
     assert!(stats.blocked > 50, "{stats:?}");
     assert!(stats.stale_acks > 50, "{stats:?}");
     assert!(stats.explicit_credits > 10, "{stats:?}");
+    assert!(stats.replies > 500, "{stats:?}");
 }

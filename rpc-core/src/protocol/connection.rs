@@ -1,0 +1,663 @@
+//! One connection's protocol state: what to write where, when credits are
+//! owed, what waits for room. No I/O, no locks, no clock.
+//!
+//! A connection is a [`Sender`] (the peer's ring as seen from here, the
+//! credits owed for ours, the frames queued for room, the send queue's
+//! accounting and the writes ready to post) and a [`Receiver`] (our ring).
+//! The I/O layer drives them with what the fabric reports and posts what
+//! they ask for:
+//!
+//! ```text
+//!  send a frame     Sender::reserve(len) -> Ring { offset, ack } | Queue
+//!                   encode at `offset` of the staging area,
+//!                   Sender::sent(offset, len, cork)     or  Sender::queue(bytes)
+//!  post             if Sender::should_post(): post Sender::transmits(),
+//!                   then Sender::on_posted(result)
+//!  frame doorbell   Receiver::on_frame(offset_units, byte_len, ..) -> Arrived
+//!                   copy the frame out, then Sender::on_consumed + on_ack
+//!  credit doorbell  Sender::on_ack(ack), then Sender::flush(..)
+//!  send completion  Sender::on_completion(wr_id), then Sender::flush(..)
+//!  end of a batch   Sender::end_batch(..): flush, and a credit if one is due
+//! ```
+//!
+//! The two halves are separate so that the I/O layer can lock them
+//! separately: a caller sending a request never waits for the dispatcher
+//! copying a frame out of the receive ring.
+
+use std::collections::VecDeque;
+
+use super::credits::apply_ack;
+use super::{
+    ALIGN, CreditError, CreditReturn, Doorbell, HEADER_LEN, Header, RecvRing, RingError, SendRing,
+};
+
+/// Every this many writes, one is signaled, so that the send queue's
+/// accounting advances even when nothing asks for a completion.
+pub const SIGNAL_EVERY: u64 = 16;
+
+/// Writes held (corked or batched) before they are posted anyway.
+pub const MAX_HELD: usize = 64;
+
+/// A write to post: a frame (bytes of the staging area, written at the same
+/// offset of the peer's ring) or a zero-length credit doorbell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// `(offset, len)` in the staging area and the peer's ring; `None` for
+    /// a zero-length write.
+    pub local: Option<(usize, usize)>,
+    /// The doorbell immediate.
+    pub imm: u32,
+    /// Work request id: the write's sequence number on this connection.
+    pub wr_id: u64,
+    /// Whether its completion is reported.
+    pub signaled: bool,
+}
+
+/// Why a frame could not be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// The connection is gone.
+    Closed(String),
+    /// The frame can never fit (larger than the peer accepts).
+    TooLarge {
+        /// Bytes after the header.
+        len: usize,
+        /// Most bytes after the header the peer accepts.
+        max: usize,
+    },
+    /// Ring full and the caller asked not to wait, or the backlog is full.
+    Full(&'static str),
+    /// Metadata larger than a frame can carry.
+    Metadata(usize),
+}
+
+/// Where a frame goes, from [`Sender::reserve`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserved {
+    /// Encode it at `offset` of the staging area with this `ack` in its
+    /// header, then call [`Sender::sent`].
+    Ring {
+        /// Offset in the staging area and in the peer's ring.
+        offset: usize,
+        /// The credit return to stamp in its header.
+        ack: u32,
+    },
+    /// No room now: encode it (any ack) and hand it to [`Sender::queue`].
+    Queue,
+}
+
+/// The sending half of a connection.
+#[derive(Debug, Clone)]
+pub struct Sender {
+    ring: SendRing,
+    credits: CreditReturn,
+    backlog: VecDeque<Vec<u8>>,
+    backlog_bytes: usize,
+    max_backlog: usize,
+    /// Writes handed out, and the last one known complete.
+    posted: u64,
+    completed: u64,
+    sq_depth: u64,
+    dead: Option<String>,
+    /// The dispatcher is handling a batch of completions for this
+    /// connection: writes it causes are held until [`Sender::end_batch`].
+    batching: bool,
+    /// A caller's frame is held, to leave with the frames other callers
+    /// send meanwhile.
+    corked: bool,
+    transmits: Vec<Transmit>,
+}
+
+impl Sender {
+    /// A sender into a peer ring of `peer_ring` bytes, returning credits for
+    /// a local ring of `local_ring` bytes, with `sq_depth` writes in flight
+    /// at most and `max_backlog` bytes queued at most.
+    pub fn new(
+        peer_ring: usize,
+        local_ring: usize,
+        sq_depth: u64,
+        max_backlog: usize,
+    ) -> Result<Sender, RingError> {
+        Ok(Sender::with_rings(
+            SendRing::new(peer_ring)?,
+            CreditReturn::new(local_ring),
+            sq_depth,
+            max_backlog,
+        ))
+    }
+
+    fn with_rings(
+        ring: SendRing,
+        credits: CreditReturn,
+        sq_depth: u64,
+        max_backlog: usize,
+    ) -> Sender {
+        Sender {
+            ring,
+            credits,
+            backlog: VecDeque::new(),
+            backlog_bytes: 0,
+            max_backlog,
+            posted: 0,
+            completed: 0,
+            sq_depth,
+            dead: None,
+            batching: false,
+            corked: false,
+            transmits: Vec::with_capacity(MAX_HELD),
+        }
+    }
+
+    /// Both rings empty at cumulative position `pos` (ALIGN-aligned), to
+    /// exercise large positions without the traffic.
+    #[cfg(test)]
+    pub(crate) fn at_position(
+        peer_ring: usize,
+        local_ring: usize,
+        pos: u64,
+        sq_depth: u64,
+        max_backlog: usize,
+    ) -> Sender {
+        let mut credits = CreditReturn::new(local_ring);
+        credits.on_consumed(pos);
+        let _ = credits.take_ack();
+        Sender::with_rings(
+            SendRing::at_position(peer_ring, pos),
+            credits,
+            sq_depth,
+            max_backlog,
+        )
+    }
+
+    /// The peer's ring as seen from here.
+    #[cfg(test)]
+    pub(crate) fn ring(&self) -> &SendRing {
+        &self.ring
+    }
+
+    /// The credits owed for the local ring.
+    #[cfg(test)]
+    pub(crate) fn credits(&self) -> &CreditReturn {
+        &self.credits
+    }
+
+    /// Frames queued for room.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.backlog.len()
+    }
+
+    /// Why the connection died, if it did.
+    pub fn death(&self) -> Option<&str> {
+        self.dead.as_deref()
+    }
+
+    /// Room in the send queue for one more write (keeps one for a credit).
+    fn sq_room(&self) -> bool {
+        self.posted - self.completed + 2 < self.sq_depth
+    }
+
+    /// First step of sending a frame of `len` bytes, header included.
+    pub fn reserve(&mut self, len: usize, fail_fast: bool) -> Result<Reserved, SendError> {
+        if let Some(why) = &self.dead {
+            return Err(SendError::Closed(why.clone()));
+        }
+        if len > self.ring.max_frame() {
+            return Err(SendError::TooLarge {
+                len: len.saturating_sub(HEADER_LEN),
+                max: self.ring.max_frame().saturating_sub(HEADER_LEN),
+            });
+        }
+        if self.backlog.is_empty() && self.sq_room() {
+            if let Ok(Some(slot)) = self.ring.reserve(len) {
+                return Ok(Reserved::Ring {
+                    offset: slot.offset,
+                    ack: self.credits.take_ack(),
+                });
+            }
+        }
+        if fail_fast {
+            return Err(SendError::Full(
+                "the peer's receive ring is full (fail-fast call)",
+            ));
+        }
+        if self.backlog_bytes + len > self.max_backlog {
+            return Err(SendError::Full(
+                "too many bytes queued for the peer's full receive ring",
+            ));
+        }
+        Ok(Reserved::Queue)
+    }
+
+    /// The frame [`Sender::reserve`] placed at `offset` is written. With
+    /// `cork`, its write is held (see [`Sender::should_post`]) for frames
+    /// that follow; without, it takes the held ones along. Returns whether
+    /// this frame corked the connection.
+    pub fn sent(&mut self, offset: usize, len: usize, cork: bool) -> bool {
+        let was_corked = self.corked;
+        self.corked = cork;
+        self.push_frame(offset, len);
+        self.corked && !was_corked
+    }
+
+    /// Queues a frame [`Sender::reserve`] had no room for, encoded whole.
+    pub fn queue(&mut self, frame: Vec<u8>) {
+        self.backlog_bytes += frame.len();
+        self.backlog.push_back(frame);
+    }
+
+    fn push_frame(&mut self, offset: usize, len: usize) {
+        let imm = Doorbell::Frame {
+            offset_units: (offset / ALIGN) as u32,
+        }
+        .encode();
+        self.push(Some((offset, len)), imm, false);
+    }
+
+    fn push(&mut self, local: Option<(usize, usize)>, imm: u32, signal: bool) -> u64 {
+        self.posted += 1;
+        let wr_id = self.posted;
+        self.transmits.push(Transmit {
+            local,
+            imm,
+            wr_id,
+            signaled: signal || wr_id % SIGNAL_EVERY == 0,
+        });
+        wr_id
+    }
+
+    fn push_credit(&mut self, signal: bool) -> u64 {
+        let ack = self.credits.take_ack();
+        self.push(None, Doorbell::Credit { ack }.encode(), signal)
+    }
+
+    /// Whether the writes handed out should be posted now: they are not
+    /// held (corked, or batched by the dispatcher when `in_batch_turn`, the
+    /// caller being the dispatcher handling this connection's batch), or
+    /// too many are.
+    pub fn should_post(&self, in_batch_turn: bool) -> bool {
+        !self.transmits.is_empty()
+            && (!(self.corked || (self.batching && in_batch_turn))
+                || self.transmits.len() >= MAX_HELD)
+    }
+
+    /// The writes to post, in order.
+    pub fn transmits(&self) -> &[Transmit] {
+        &self.transmits
+    }
+
+    /// The writes of [`Sender::transmits`] were posted, or failed to be
+    /// (the connection is then dead).
+    pub fn on_posted(&mut self, result: Result<(), String>) {
+        self.corked = false;
+        self.transmits.clear();
+        if let Err(why) = result {
+            self.dead.get_or_insert(why);
+        }
+    }
+
+    /// Whether a caller's frame is held for the frames that follow.
+    pub fn is_corked(&self) -> bool {
+        self.corked
+    }
+
+    /// Ends a cork: the held writes are to be posted. Returns whether it was corked.
+    pub fn uncork(&mut self) -> bool {
+        std::mem::replace(&mut self.corked, false)
+    }
+
+    /// The peer returned credits (`ack` from a header or a credit doorbell).
+    pub fn on_ack(&mut self, ack: u32) -> Result<(), CreditError> {
+        apply_ack(&mut self.ring, ack).map(drop)
+    }
+
+    /// Our ring was consumed up to the cumulative position `consumed`: the
+    /// next write carries the credit.
+    pub fn on_consumed(&mut self, consumed: u64) {
+        self.credits.on_consumed(consumed);
+    }
+
+    /// The signaled write `wr_id` completed, and so every write before it.
+    pub fn on_completion(&mut self, wr_id: u64) {
+        self.completed = self.completed.max(wr_id);
+    }
+
+    /// Moves queued frames into the peer's ring while it and the send queue
+    /// have room: `write(offset, frame)` copies each (its ack already
+    /// stamped) into the staging area.
+    pub fn flush(&mut self, mut write: impl FnMut(usize, &[u8])) {
+        while self.dead.is_none() && self.sq_room() {
+            let Some(len) = self.backlog.front().map(Vec::len) else {
+                break;
+            };
+            let Ok(Some(slot)) = self.ring.reserve(len) else {
+                break;
+            };
+            let mut frame = self.backlog.pop_front().expect("front exists");
+            self.backlog_bytes -= len;
+            Header::set_ack(&mut frame, self.credits.take_ack());
+            write(slot.offset, &frame);
+            self.push_frame(slot.offset, len);
+        }
+    }
+
+    /// The dispatcher starts handling a batch of completions for this
+    /// connection: the writes it causes are held until [`Sender::end_batch`].
+    pub fn begin_batch(&mut self) {
+        self.batching = true;
+    }
+
+    /// After a batch: flush the queue (see [`Sender::flush`]) and owe a
+    /// credit doorbell if credits are due. The writes are then to be posted.
+    pub fn end_batch(&mut self, write: impl FnMut(usize, &[u8])) {
+        self.flush(write);
+        // A quarter of the ring unreported, or few bytes that still block a
+        // sender whose next frame must wrap: either way, nothing may be
+        // flowing back to carry the ack, so send it alone.
+        if self.dead.is_none() && (self.credits.needs_explicit() || self.credits.may_stall_sender())
+        {
+            self.push_credit(false);
+        }
+        self.batching = false;
+        if self.dead.is_some() {
+            self.transmits.clear();
+        }
+    }
+
+    /// Hands out a signaled credit doorbell and returns its work request id,
+    /// or `None` if the send queue has no room or the connection is dead.
+    /// Once it completes, every write before it has executed (a reliable
+    /// connection completes writes in order).
+    pub fn fence(&mut self) -> Option<u64> {
+        if self.dead.is_some() || !self.sq_room() {
+            return None;
+        }
+        Some(self.push_credit(true))
+    }
+
+    /// Whether the write `wr_id` (and so every one before it) completed, or
+    /// the connection died: either way nothing is left to wait for.
+    pub fn completed_through(&self, wr_id: u64) -> bool {
+        self.dead.is_some() || self.completed >= wr_id
+    }
+
+    /// Whether frames wait: queued for room, or handed out and not posted.
+    pub fn has_unsent(&self) -> bool {
+        self.backlog_bytes > 0 || !self.transmits.is_empty()
+    }
+
+    /// The connection is dead: nothing more is sent, queued frames are dropped.
+    pub fn kill(&mut self, why: &str) {
+        if self.dead.is_none() {
+            self.dead = Some(why.to_owned());
+        }
+        self.backlog.clear();
+        self.backlog_bytes = 0;
+        self.transmits.clear();
+        self.batching = false;
+        self.corked = false;
+    }
+}
+
+/// A frame that arrived, from [`Receiver::on_frame`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrived {
+    /// Its header, checked against the ring and the message limit.
+    pub header: Header,
+    /// Offset of the header in the ring; metadata and payload follow it.
+    pub offset: usize,
+    /// The ring's cumulative consumed position once this frame is released:
+    /// give it to [`Sender::on_consumed`] after copying the frame out (the
+    /// peer may overwrite it as soon as the credit goes back).
+    pub consumed: u64,
+}
+
+/// The receiving half of a connection.
+#[derive(Debug, Clone)]
+pub struct Receiver {
+    ring: RecvRing,
+}
+
+impl Receiver {
+    /// A receiver for a local ring of `capacity` bytes.
+    pub fn new(capacity: usize) -> Result<Receiver, RingError> {
+        Ok(Receiver {
+            ring: RecvRing::new(capacity)?,
+        })
+    }
+
+    /// An empty ring at cumulative position `pos` (see [`Sender::at_position`]).
+    #[cfg(test)]
+    pub(crate) fn at_position(capacity: usize, pos: u64) -> Receiver {
+        Receiver {
+            ring: RecvRing::at_position(capacity, pos),
+        }
+    }
+
+    /// The ring's cumulative consumed position.
+    #[cfg(test)]
+    pub(crate) fn consumed(&self) -> u64 {
+        self.ring.consumed()
+    }
+
+    /// A frame doorbell at `offset_units` for a write of `byte_len` bytes
+    /// (0 where the fabric does not report it): `read_header(offset)` reads
+    /// the header bytes there. Checks the header against the ring and
+    /// `max_message` (bytes after the header), and releases the frame's
+    /// ring space. `Err` is a protocol violation: close the connection.
+    pub fn on_frame(
+        &mut self,
+        offset_units: u32,
+        byte_len: u32,
+        max_message: usize,
+        read_header: impl FnOnce(usize) -> [u8; HEADER_LEN],
+    ) -> Result<Arrived, String> {
+        let slot = self.ring.locate(offset_units).map_err(|e| e.to_string())?;
+        let room = self.ring.room_at(slot);
+        if room < HEADER_LEN {
+            return Err(format!(
+                "frame at offset {} has no room for a header",
+                slot.offset
+            ));
+        }
+        let header = Header::decode(&read_header(slot.offset))
+            .map_err(|e| format!("bad frame header: {e}"))?;
+        let len = header.frame_len();
+        let body = len - HEADER_LEN;
+        if body > max_message {
+            return Err(format!(
+                "frame body of {body} bytes exceeds the limit of {max_message}"
+            ));
+        }
+        if len > room {
+            return Err(format!(
+                "frame of {len} bytes at offset {} runs past the ring",
+                slot.offset
+            ));
+        }
+        if byte_len != 0 && byte_len as usize != len {
+            return Err(format!(
+                "write of {byte_len} bytes carries a frame of {len}"
+            ));
+        }
+        self.ring.consume(slot, len).map_err(|e| e.to_string())?;
+        Ok(Arrived {
+            header,
+            offset: slot.offset,
+            consumed: self.ring.consumed(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{CallId, FrameKind};
+
+    fn frame(len: usize, ack: u32) -> Vec<u8> {
+        let mut bytes = vec![0u8; len];
+        let header = Header {
+            kind: FrameKind::Request,
+            status: 0,
+            method_id: 1,
+            call_id: CallId(7),
+            payload_len: (len - HEADER_LEN) as u32,
+            metadata_len: 0,
+            timeout_us: 0,
+            ack,
+        };
+        header.encode((&mut bytes[..HEADER_LEN]).try_into().unwrap());
+        bytes
+    }
+
+    #[test]
+    fn a_full_ring_queues_and_a_credit_flushes() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        let Ok(Reserved::Ring { offset: 0, .. }) = s.reserve(2048, false) else {
+            panic!("first frame fits");
+        };
+        assert!(!s.sent(0, 2048, false));
+        assert!(s.should_post(false));
+        s.on_posted(Ok(()));
+        let Ok(Reserved::Ring { offset: 2048, .. }) = s.reserve(2048, false) else {
+            panic!("second frame fits");
+        };
+        s.sent(2048, 2048, false);
+        s.on_posted(Ok(()));
+        assert_eq!(
+            s.reserve(2048, true),
+            Err(SendError::Full(
+                "the peer's receive ring is full (fail-fast call)"
+            ))
+        );
+        assert_eq!(s.reserve(2048, false), Ok(Reserved::Queue));
+        s.queue(frame(2048, 0));
+        assert!(s.has_unsent());
+        // The peer consumed the first frame.
+        s.on_ack(crate::protocol::credits::ack_for(2048)).unwrap();
+        let mut written = Vec::new();
+        s.flush(|offset, bytes| written.push((offset, bytes.len())));
+        assert_eq!(written, vec![(0, 2048)]);
+        assert_eq!(s.transmits().len(), 1);
+        assert_eq!(s.transmits()[0].local, Some((0, 2048)));
+        assert!(!s.has_unsent() || !s.transmits().is_empty());
+    }
+
+    #[test]
+    fn corked_frames_leave_with_the_next_uncorked_one() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        for i in 0..3 {
+            let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) else {
+                panic!("fits");
+            };
+            assert_eq!(s.sent(offset, 64, true), i == 0, "only the first corks");
+            assert!(!s.should_post(false));
+        }
+        let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) else {
+            panic!("fits");
+        };
+        assert!(!s.sent(offset, 64, false));
+        assert!(s.should_post(false));
+        assert_eq!(s.transmits().len(), 4);
+    }
+
+    #[test]
+    fn a_batch_holds_writes_only_on_its_own_turn() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        s.begin_batch();
+        let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) else {
+            panic!("fits");
+        };
+        s.sent(offset, 64, false);
+        assert!(!s.should_post(true));
+        assert!(s.should_post(false), "another thread's reply is not held");
+        s.end_batch(|_, _| unreachable!("nothing queued"));
+        assert!(s.should_post(true));
+    }
+
+    #[test]
+    fn the_send_queue_bounds_writes_in_flight() {
+        let mut s = Sender::new(1 << 16, 4096, 8, 1 << 20).unwrap();
+        let mut ring = 0;
+        while let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) {
+            s.sent(offset, 64, false);
+            ring += 1;
+        }
+        // Two slots stay free: one for a credit doorbell, one spare.
+        assert_eq!(ring, 6);
+        assert_eq!(s.fence(), None);
+        s.on_completion(6);
+        let fence = s.fence().expect("room again");
+        assert_eq!(fence, 7);
+        assert!(!s.completed_through(fence));
+        s.on_completion(fence);
+        assert!(s.completed_through(fence));
+        assert!(matches!(s.reserve(64, false), Ok(Reserved::Ring { .. })));
+    }
+
+    #[test]
+    fn a_credit_is_owed_after_a_quarter_of_the_ring() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        let mut r = Receiver::new(4096).unwrap();
+        let bytes = frame(1024, 0);
+        let arrived = r
+            .on_frame(0, 1024, 4096, |off| {
+                assert_eq!(off, 0);
+                bytes[..HEADER_LEN].try_into().unwrap()
+            })
+            .unwrap();
+        assert_eq!(arrived.consumed, 1024);
+        s.on_consumed(arrived.consumed);
+        s.begin_batch();
+        s.end_batch(|_, _| {});
+        let t = s.transmits();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].local, None);
+        assert_eq!(
+            Doorbell::decode(t[0].imm),
+            Some(Doorbell::Credit {
+                ack: crate::protocol::credits::ack_for(1024)
+            })
+        );
+    }
+
+    #[test]
+    fn violations_are_errors_not_panics() {
+        let mut r = Receiver::new(4096).unwrap();
+        let bytes = frame(1024, 0);
+        let header: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap();
+        assert!(
+            r.on_frame(3, 0, 4096, |_| header).is_err(),
+            "not at the head"
+        );
+        assert!(r.on_frame(0, 0, 100, |_| header).is_err(), "over the limit");
+        assert!(
+            r.on_frame(0, 64, 4096, |_| header).is_err(),
+            "length mismatch"
+        );
+        assert!(r.on_frame(0, 0, 4096, |_| [0xff; HEADER_LEN]).is_err());
+        assert_eq!(r.consumed(), 0, "nothing consumed by a violation");
+        let big = frame(4096, 0);
+        let header: [u8; HEADER_LEN] = big[..HEADER_LEN].try_into().unwrap();
+        assert!(
+            r.on_frame(0, 0, 1 << 20, |_| header).is_err(),
+            "past the ring"
+        );
+    }
+
+    #[test]
+    fn a_dead_sender_refuses_and_drops_its_queue() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        s.queue(frame(64, 0));
+        s.kill("peer gone");
+        assert!(!s.has_unsent());
+        assert_eq!(
+            s.reserve(64, false),
+            Err(SendError::Closed("peer gone".into()))
+        );
+        assert_eq!(s.fence(), None);
+        assert!(s.completed_through(u64::MAX));
+        let too_big = s.reserve(4096, false);
+        assert!(matches!(too_big, Err(SendError::Closed(_))));
+    }
+}
