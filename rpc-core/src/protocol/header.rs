@@ -12,7 +12,7 @@
 //! | 16 | 4 | payload length |
 //! | 20 | 2 | metadata length |
 //! | 22 | 2 | flags (reserved, must be 0) |
-//! | 24 | 4 | timeout in microseconds (0 = none; saturates) |
+//! | 24 | 4 | timeout in microseconds (0 = none; saturates); in a `Window` frame, the grant |
 //! | 28 | 4 | ack: credits the sender returns for the ring it receives into ([`super::credits`]) |
 //!
 //! After the header come `metadata_len` bytes of metadata, then
@@ -43,6 +43,18 @@ pub enum FrameKind {
     /// that needs no ring space; this kind exists for fabrics or peers that
     /// prefer a frame.
     Credit = 5,
+    /// One message of a stream (`call_id`), either direction: metadata (on
+    /// a stream's first message from the server, its initial metadata) and
+    /// the message. Counts against the stream's window
+    /// ([`super::stream`]).
+    Message = 6,
+    /// The client sends no more messages on the stream `call_id` (its
+    /// request stream is complete); no payload.
+    HalfClose = 7,
+    /// The sender of this frame consumed messages of the stream `call_id`:
+    /// the peer may send `timeout_us` (here: the grant, in window bytes)
+    /// more ([`super::stream`]). No payload.
+    Window = 8,
 }
 
 impl FrameKind {
@@ -54,6 +66,9 @@ impl FrameKind {
             3 => Some(FrameKind::Error),
             4 => Some(FrameKind::Cancel),
             5 => Some(FrameKind::Credit),
+            6 => Some(FrameKind::Message),
+            7 => Some(FrameKind::HalfClose),
+            8 => Some(FrameKind::Window),
             _ => None,
         }
     }
@@ -230,13 +245,16 @@ mod tests {
             FrameKind::Error,
             FrameKind::Cancel,
             FrameKind::Credit,
+            FrameKind::Message,
+            FrameKind::HalfClose,
+            FrameKind::Window,
         ] {
             assert_eq!(FrameKind::from_u8(kind as u8), Some(kind));
             let h = Header { kind, ..sample() };
             assert_eq!(Header::decode(&encoded(&h)), Ok(h));
         }
         assert_eq!(FrameKind::from_u8(0), None);
-        assert_eq!(FrameKind::from_u8(6), None);
+        assert_eq!(FrameKind::from_u8(9), None);
         assert_eq!(FrameKind::from_u8(255), None);
     }
 
@@ -268,7 +286,7 @@ mod tests {
     #[test]
     fn decode_bad_kind() {
         let mut bytes = encoded(&sample());
-        for k in [0u8, 6, 200] {
+        for k in [0u8, 9, 200] {
             bytes[1] = k;
             assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(k)));
         }
@@ -336,6 +354,9 @@ mod tests {
             Just(FrameKind::Error),
             Just(FrameKind::Cancel),
             Just(FrameKind::Credit),
+            Just(FrameKind::Message),
+            Just(FrameKind::HalfClose),
+            Just(FrameKind::Window),
         ]
     }
 

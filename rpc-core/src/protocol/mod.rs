@@ -26,6 +26,10 @@ pub mod credits;
 pub mod doorbell;
 pub mod header;
 pub mod ring;
+// Streams' flow control and life cycle: the pure part of streaming, ahead
+// of the client and server support that will drive it.
+#[allow(dead_code)]
+pub mod stream;
 
 #[cfg(test)]
 mod sim;
