@@ -1,5 +1,5 @@
-//! Generates the Rust code of `../proto`: the example services and the test
-//! packages under `../proto/test`.
+//! Generates the Rust code of `../proto`: the example services, the test
+//! packages under `../proto/test`, and `../proto/options` with prost options.
 
 use std::io;
 use std::path::PathBuf;
@@ -20,5 +20,22 @@ fn main() -> io::Result<()> {
     // A new file in proto/test must rerun this script too.
     println!("cargo:rerun-if-changed={}", proto.join("test").display());
 
-    rpc_codegen::compile_protos(&protos, &[proto])
+    rpc_codegen::compile_protos(&protos, &[&proto])?;
+
+    // The prost options real projects pass, into a directory of their own
+    // (`acme.common` is referenced, not generated again).
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("options");
+    std::fs::create_dir_all(&out)?;
+    rpc_codegen::configure()
+        .out_dir(&out)
+        .bytes(["."])
+        .btree_map([".acme.options.Blob.labels"])
+        .type_attribute(".acme.options.Key", "#[derive(PartialOrd, Ord)]")
+        .field_attribute(
+            ".acme.options.Blob.data",
+            "#[doc = \"Set by a field attribute.\"]",
+        )
+        .boxed([".acme.options.Blob.key"])
+        .extern_path(".acme.common", "crate::acme::common")
+        .compile(&[proto.join("options/options.proto")], &[&proto])
 }

@@ -42,6 +42,13 @@ pub mod acme {
         rpc_core::include_proto!("acme.common");
     }
 
+    pub mod options {
+        //! The `acme.options` package, generated with prost options (see
+        //! `build.rs`): `Bytes`, `BTreeMap`, attributes, a boxed field and an
+        //! extern path to [`super::common`].
+        include!(concat!(env!("OUT_DIR"), "/options/acme.options.rs"));
+    }
+
     pub mod storage {
         //! The `acme.storage` packages.
 

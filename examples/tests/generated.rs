@@ -15,7 +15,7 @@ use rpc_core::{Code, Request, Response, Service, Status};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-fn all_descriptors() -> [&'static ServiceDescriptor; 9] {
+fn all_descriptors() -> [&'static ServiceDescriptor; 10] {
     [
         &echo::echo_server::DESCRIPTOR,
         &kv::kv_server::DESCRIPTOR,
@@ -26,6 +26,7 @@ fn all_descriptors() -> [&'static ServiceDescriptor; 9] {
         &v1::sync_server::DESCRIPTOR,
         &v1::self_server::DESCRIPTOR,
         &v1::t_server::DESCRIPTOR,
+        &examples::acme::options::blobs_server::DESCRIPTOR,
     ]
 }
 
@@ -450,5 +451,58 @@ fn keyword_named_services_are_implementable_and_served_as_dyn_service() {
             "acme.storage.v1.Self",
             "acme.storage.v1.T",
         ]
+    );
+}
+
+/// `build.rs` compiles `proto/options` with the prost options real projects
+/// use; each one shows in the generated types.
+#[test]
+fn prost_options_reach_the_generated_code() {
+    use examples::acme::options::{self, Blob, Key, blobs_client::BlobsClient};
+    use rpc_core::codegen::prost::bytes::Bytes;
+
+    let key = |bucket: &str, number| Key {
+        bucket: bucket.to_owned(),
+        number,
+    };
+    // `bytes`: a `Bytes` field; `btree_map`: labels iterate in order;
+    // `boxed`: the key is a `Box<Key>`; `extern_path`: the ack is the type
+    // of `acme::common`, not a copy.
+    let blob = Blob {
+        data: Bytes::from_static(b"payload"),
+        labels: BTreeMap::from([
+            ("zone".to_owned(), "b".to_owned()),
+            ("app".to_owned(), "kv".to_owned()),
+        ]),
+        key: Some(Box::new(key("photos", 7))),
+        ack: Some(Ack {
+            ok: true,
+            reason: String::new(),
+        }),
+    };
+    let labels: Vec<&str> = blob.labels.keys().map(String::as_str).collect();
+    assert_eq!(labels, ["app", "zone"]);
+    let decoded = Blob::decode(blob.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(decoded, blob);
+    assert!(
+        format!("{decoded:?}").contains("zone"),
+        "Debug of a BTreeMap field"
+    );
+
+    // `type_attribute`: keys derive `Ord`, so they sort.
+    let mut keys = vec![key("b", 1), key("a", 2), key("a", 1)];
+    keys.sort();
+    assert_eq!(keys, [key("a", 1), key("a", 2), key("b", 1)]);
+
+    // `field_attribute`: the attribute is on the field in the source.
+    let source = include_str!(concat!(env!("OUT_DIR"), "/options/acme.options.rs"));
+    let data = source.find("pub data:").expect("the data field");
+    assert!(source[..data].ends_with("///Set by a field attribute.\n    "));
+
+    // The service's messages are the extern ones too.
+    let _: fn(&BlobsClient, Blob) -> UnaryCall<Ack> = |c, b| c.put(b);
+    assert_eq!(
+        options::blobs_server::DESCRIPTOR.methods[0].path,
+        "/acme.options.Blobs/Put"
     );
 }

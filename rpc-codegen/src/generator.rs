@@ -308,11 +308,13 @@ fn push_allow(lints: &[&str], buf: &mut String) {
 
 /// prost resolves message types relative to the package module; the
 /// generated modules sit one level below it. Absolute paths (extern types
-/// such as `::rpc_core::codegen::prost_types::Timestamp`) and the types
+/// such as `::rpc_core::codegen::prost_types::Timestamp`, or `crate::...`
+/// given as an extern path) and the types
 /// prost maps wrapper messages to (`()`, `bool`, ...) stay as they are.
 fn nested_type(rust_type: &str) -> String {
     const AS_IS: [&str; 8] = ["()", "bool", "f32", "f64", "i32", "i64", "u32", "u64"];
-    if rust_type.starts_with("::") || AS_IS.contains(&rust_type) {
+    if rust_type.starts_with("::") || rust_type.starts_with("crate::") || AS_IS.contains(&rust_type)
+    {
         rust_type.to_owned()
     } else {
         format!("super::{rust_type}")
@@ -341,6 +343,7 @@ mod tests {
     #[test]
     fn nested_type_adds_one_super_to_relative_paths() {
         assert_eq!(nested_type("PutRequest"), "super::PutRequest");
+        assert_eq!(nested_type("crate::common::Ack"), "crate::common::Ack");
         assert_eq!(nested_type("outer::Inner"), "super::outer::Inner");
         assert_eq!(
             nested_type("super::super::common::Ack"),

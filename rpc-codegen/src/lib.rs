@@ -97,14 +97,47 @@ pub fn configure() -> Builder {
     Builder {
         out_dir: None,
         emit_rerun_if_changed: true,
+        bytes: Vec::new(),
+        btree_map: Vec::new(),
+        type_attributes: Vec::new(),
+        message_attributes: Vec::new(),
+        enum_attributes: Vec::new(),
+        field_attributes: Vec::new(),
+        extern_paths: Vec::new(),
+        boxed: Vec::new(),
     }
 }
 
 /// Options for code generation; start with [`configure`].
+///
+/// Besides its own options it passes on the prost options real projects
+/// use, with prost-build's meaning and path syntax: a path is a fully
+/// qualified protobuf name with a leading dot (`.acme.Blob`,
+/// `.acme.Blob.data`), a package prefix (`.acme`), or `.` for everything.
+///
+/// ```no_run
+/// # fn main() -> std::io::Result<()> {
+/// rpc_codegen::configure()
+///     .bytes(["."])                                  // bytes fields as `Bytes`
+///     .btree_map([".acme.Blob.labels"])              // this map as a `BTreeMap`
+///     .type_attribute(".acme.Key", "#[derive(Eq, Hash)]")
+///     .field_attribute(".acme.Blob.data", "#[doc = \"The blob's bytes.\"]")
+///     .extern_path(".acme.common", "::acme_common")   // types from another crate
+///     .compile(&["proto/acme.proto"], &["proto"])
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Builder {
     out_dir: Option<PathBuf>,
     emit_rerun_if_changed: bool,
+    bytes: Vec<String>,
+    btree_map: Vec<String>,
+    type_attributes: Vec<(String, String)>,
+    message_attributes: Vec<(String, String)>,
+    enum_attributes: Vec<(String, String)>,
+    field_attributes: Vec<(String, String)>,
+    extern_paths: Vec<(String, String)>,
+    boxed: Vec<String>,
 }
 
 impl Builder {
@@ -118,6 +151,89 @@ impl Builder {
     /// (default `true`; turn it off outside build scripts).
     pub fn emit_rerun_if_changed(mut self, emit: bool) -> Self {
         self.emit_rerun_if_changed = emit;
+        self
+    }
+
+    /// Generates `bytes` fields matching `paths` as `Bytes` instead of
+    /// `Vec<u8>` (prost-build's `bytes`).
+    pub fn bytes<I, S>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.bytes
+            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+        self
+    }
+
+    /// Generates map fields matching `paths` as `BTreeMap` instead of
+    /// `HashMap` (prost-build's `btree_map`).
+    ///
+    /// The crate must then depend on `prost` itself (the version rpc-core
+    /// uses): prost-derive's `Debug` for such a field names `::prost`
+    /// directly, whatever the generated code's prost path.
+    pub fn btree_map<I, S>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.btree_map
+            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds `attribute` to the messages, enums and oneofs matching `path`
+    /// (prost-build's `type_attribute`).
+    pub fn type_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.type_attributes
+            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds `attribute` to the messages matching `path` (prost-build's
+    /// `message_attribute`).
+    pub fn message_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.message_attributes
+            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds `attribute` to the enums and oneofs matching `path`
+    /// (prost-build's `enum_attribute`).
+    pub fn enum_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.enum_attributes
+            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds `attribute` to the fields matching `path` (prost-build's
+    /// `field_attribute`).
+    pub fn field_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.field_attributes
+            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
+        self
+    }
+
+    /// Uses the Rust path `rust_path` for the protobuf package or type
+    /// `proto_path` instead of generating it, for types another crate
+    /// already generated (prost-build's `extern_path`).
+    pub fn extern_path(mut self, proto_path: impl AsRef<str>, rust_path: impl AsRef<str>) -> Self {
+        self.extern_paths.push((
+            proto_path.as_ref().to_owned(),
+            rust_path.as_ref().to_owned(),
+        ));
+        self
+    }
+
+    /// Boxes the message fields matching `paths` (prost-build's `boxed`),
+    /// for large or recursive messages.
+    pub fn boxed<I, S>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.boxed
+            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
         self
     }
 
@@ -165,12 +281,33 @@ impl Builder {
         let fds = compiler.file_descriptor_set();
         validate::validate(&fds)?;
 
-        prost_build::Config::new()
+        let mut config = prost_build::Config::new();
+        config
             .prost_path("::rpc_core::codegen::prost")
             .prost_types_path("::rpc_core::codegen::prost_types")
             .service_generator(Box::new(generator::ServiceGenerator))
             .out_dir(out_dir)
-            .compile_fds(fds)
+            .bytes(&self.bytes)
+            .btree_map(&self.btree_map);
+        for path in &self.boxed {
+            config.boxed(path);
+        }
+        for (path, attribute) in &self.type_attributes {
+            config.type_attribute(path, attribute);
+        }
+        for (path, attribute) in &self.message_attributes {
+            config.message_attribute(path, attribute);
+        }
+        for (path, attribute) in &self.enum_attributes {
+            config.enum_attribute(path, attribute);
+        }
+        for (path, attribute) in &self.field_attributes {
+            config.field_attribute(path, attribute);
+        }
+        for (proto_path, rust_path) in &self.extern_paths {
+            config.extern_path(proto_path, rust_path);
+        }
+        config.compile_fds(fds)
     }
 }
 
