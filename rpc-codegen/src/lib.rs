@@ -99,12 +99,9 @@ pub fn configure() -> Builder {
         emit_rerun_if_changed: true,
         bytes: Vec::new(),
         btree_map: Vec::new(),
-        type_attributes: Vec::new(),
-        message_attributes: Vec::new(),
-        enum_attributes: Vec::new(),
-        field_attributes: Vec::new(),
-        extern_paths: Vec::new(),
         boxed: Vec::new(),
+        attributes: Vec::new(),
+        extern_paths: Vec::new(),
     }
 }
 
@@ -132,12 +129,24 @@ pub struct Builder {
     emit_rerun_if_changed: bool,
     bytes: Vec<String>,
     btree_map: Vec<String>,
-    type_attributes: Vec<(String, String)>,
-    message_attributes: Vec<(String, String)>,
-    enum_attributes: Vec<(String, String)>,
-    field_attributes: Vec<(String, String)>,
-    extern_paths: Vec<(String, String)>,
     boxed: Vec<String>,
+    /// Attributes by what they go on, its path, and the attribute.
+    attributes: Vec<(Target, String, String)>,
+    extern_paths: Vec<(String, String)>,
+}
+
+/// What a prost attribute option puts its attribute on.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Type,
+    Message,
+    Enum,
+    Field,
+}
+
+/// `paths` as owned strings.
+fn owned<S: AsRef<str>>(paths: impl IntoIterator<Item = S>) -> impl Iterator<Item = String> {
+    paths.into_iter().map(|p| p.as_ref().to_owned())
 }
 
 impl Builder {
@@ -156,13 +165,8 @@ impl Builder {
 
     /// Generates `bytes` fields matching `paths` as `Bytes` instead of
     /// `Vec<u8>` (prost-build's `bytes`).
-    pub fn bytes<I, S>(mut self, paths: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.bytes
-            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+    pub fn bytes<S: AsRef<str>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
+        self.bytes.extend(owned(paths));
         self
     }
 
@@ -172,46 +176,33 @@ impl Builder {
     /// The crate must then depend on `prost` itself (the version rpc-core
     /// uses): prost-derive's `Debug` for such a field names `::prost`
     /// directly, whatever the generated code's prost path.
-    pub fn btree_map<I, S>(mut self, paths: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.btree_map
-            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+    pub fn btree_map<S: AsRef<str>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
+        self.btree_map.extend(owned(paths));
         self
     }
 
     /// Adds `attribute` to the messages, enums and oneofs matching `path`
     /// (prost-build's `type_attribute`).
-    pub fn type_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
-        self.type_attributes
-            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
-        self
+    pub fn type_attribute(self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.attribute(Target::Type, path, attribute)
     }
 
     /// Adds `attribute` to the messages matching `path` (prost-build's
     /// `message_attribute`).
-    pub fn message_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
-        self.message_attributes
-            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
-        self
+    pub fn message_attribute(self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.attribute(Target::Message, path, attribute)
     }
 
     /// Adds `attribute` to the enums and oneofs matching `path`
     /// (prost-build's `enum_attribute`).
-    pub fn enum_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
-        self.enum_attributes
-            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
-        self
+    pub fn enum_attribute(self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.attribute(Target::Enum, path, attribute)
     }
 
     /// Adds `attribute` to the fields matching `path` (prost-build's
     /// `field_attribute`).
-    pub fn field_attribute(mut self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
-        self.field_attributes
-            .push((path.as_ref().to_owned(), attribute.as_ref().to_owned()));
-        self
+    pub fn field_attribute(self, path: impl AsRef<str>, attribute: impl AsRef<str>) -> Self {
+        self.attribute(Target::Field, path, attribute)
     }
 
     /// Uses the Rust path `rust_path` for the protobuf package or type
@@ -227,13 +218,22 @@ impl Builder {
 
     /// Boxes the message fields matching `paths` (prost-build's `boxed`),
     /// for large or recursive messages.
-    pub fn boxed<I, S>(mut self, paths: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.boxed
-            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+    pub fn boxed<S: AsRef<str>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
+        self.boxed.extend(owned(paths));
+        self
+    }
+
+    fn attribute(
+        mut self,
+        target: Target,
+        path: impl AsRef<str>,
+        attribute: impl AsRef<str>,
+    ) -> Self {
+        self.attributes.push((
+            target,
+            path.as_ref().to_owned(),
+            attribute.as_ref().to_owned(),
+        ));
         self
     }
 
@@ -292,17 +292,13 @@ impl Builder {
         for path in &self.boxed {
             config.boxed(path);
         }
-        for (path, attribute) in &self.type_attributes {
-            config.type_attribute(path, attribute);
-        }
-        for (path, attribute) in &self.message_attributes {
-            config.message_attribute(path, attribute);
-        }
-        for (path, attribute) in &self.enum_attributes {
-            config.enum_attribute(path, attribute);
-        }
-        for (path, attribute) in &self.field_attributes {
-            config.field_attribute(path, attribute);
+        for (target, path, attribute) in &self.attributes {
+            match target {
+                Target::Type => config.type_attribute(path, attribute),
+                Target::Message => config.message_attribute(path, attribute),
+                Target::Enum => config.enum_attribute(path, attribute),
+                Target::Field => config.field_attribute(path, attribute),
+            };
         }
         for (proto_path, rust_path) in &self.extern_paths {
             config.extern_path(proto_path, rust_path);

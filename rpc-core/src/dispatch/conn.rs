@@ -308,12 +308,11 @@ impl<F: Fabric> Conn<F> {
         proto.on_posted(result);
     }
 
-    /// Moves queued frames into the peer's ring while there is room.
-    fn flush(s: &mut SendState<F>) {
-        let SendState { staging, proto, .. } = s;
-        proto.flush(|offset, frame| {
-            staging.write(offset, frame.len(), |buf| buf.copy_from_slice(frame));
-        });
+    /// Moves queued frames into the peer's ring while there is room, and
+    /// posts them unless writes are held.
+    fn flush(&self, s: &mut SendState<F>) {
+        s.proto.flush(copy_into(&s.staging));
+        self.post_if_due(s);
     }
 
     /// The poller starts handling a batch of completions for this connection:
@@ -325,8 +324,7 @@ impl<F: Fabric> Conn<F> {
     pub(super) fn on_send_completion(&self, wr_id: u64) {
         let mut s = self.send_state();
         s.proto.on_completion(wr_id);
-        Self::flush(&mut s);
-        self.post_if_due(&mut s);
+        self.flush(&mut s);
     }
 
     /// Handles a doorbell. `Ok(Some)` is a frame for the role; `Err` a protocol violation.
@@ -343,8 +341,7 @@ impl<F: Fabric> Conn<F> {
                 s.proto
                     .on_ack(ack)
                     .map_err(|e| format!("bad credit: {e}"))?;
-                Self::flush(&mut s);
-                self.post_if_due(&mut s);
+                self.flush(&mut s);
                 Ok(None)
             }
             Some(Doorbell::Frame { offset_units }) => {
@@ -387,9 +384,7 @@ impl<F: Fabric> Conn<F> {
     pub(super) fn after_batch(&self) {
         let mut s = self.send_state();
         let SendState { staging, proto, .. } = &mut *s;
-        proto.end_batch(|offset, frame| {
-            staging.write(offset, frame.len(), |buf| buf.copy_from_slice(frame));
-        });
+        proto.end_batch(copy_into(staging));
         self.post_transmits(&mut s);
     }
 
@@ -439,4 +434,9 @@ impl<F: Fabric> Conn<F> {
     pub(crate) fn has_unsent(&self) -> bool {
         self.send_state().proto.has_unsent()
     }
+}
+
+/// Copies a queued frame the sender places at `offset` into the staging area.
+fn copy_into<R: Region>(staging: &R) -> impl FnMut(usize, &[u8]) + '_ {
+    move |offset, frame| staging.write(offset, frame.len(), |buf| buf.copy_from_slice(frame))
 }

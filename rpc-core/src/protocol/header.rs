@@ -25,6 +25,8 @@ use super::CallId;
 pub const VERSION: u8 = 1;
 /// Size of an encoded [`Header`].
 pub const HEADER_LEN: usize = 32;
+/// Where the ack sits in an encoded header.
+const ACK_AT: usize = 28;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -147,12 +149,12 @@ impl Header {
         out[20..22].copy_from_slice(&self.metadata_len.to_le_bytes());
         out[22..24].copy_from_slice(&0u16.to_le_bytes());
         out[24..28].copy_from_slice(&self.timeout_us.to_le_bytes());
-        out[28..32].copy_from_slice(&self.ack.to_le_bytes());
+        out[ACK_AT..ACK_AT + 4].copy_from_slice(&self.ack.to_le_bytes());
     }
 
     /// Replaces the ack of an encoded frame (`frame` starts with a header).
     pub fn set_ack(frame: &mut [u8], ack: u32) {
-        frame[28..32].copy_from_slice(&ack.to_le_bytes());
+        frame[ACK_AT..ACK_AT + 4].copy_from_slice(&ack.to_le_bytes());
     }
 
     /// Parses untrusted bytes (at least [`HEADER_LEN`]; extra bytes are ignored).
@@ -183,7 +185,7 @@ impl Header {
             payload_len: u32_at(b, 16),
             metadata_len: u16_at(b, 20),
             timeout_us: u32_at(b, 24),
-            ack: u32_at(b, 28),
+            ack: u32_at(b, ACK_AT),
         })
     }
 }
