@@ -4,7 +4,13 @@ use crate::descriptor::MethodDescriptor;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
+use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, CallTable, FrameKind};
+use crate::streaming::{
+    CallOwner, ClientStreamingCall, Link, Outbox, Pump, RequestPump, RequestSender, StreamCore,
+    Streaming, send_control,
+};
+use futures_core::Stream;
 use crate::{Code, Metadata, Request, Response, Status};
 use std::fmt;
 use std::future::Future;
@@ -272,7 +278,7 @@ impl Channel {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
-        let timeout = request.timeout().or(self.inner.default_timeout);
+        let timeout = request.budget(self.inner.default_timeout);
         let span = tracing::trace_span!("call", method = method.path);
         let _guard = span.enter();
         let started = with_client!(&self.inner.client, c => c.start(method.id, &request, timeout));
@@ -288,6 +294,164 @@ impl Channel {
             },
             Err(status) => UnaryCall::failed(status),
         }
+    }
+
+    /// Starts a server-streaming call; generated clients call this.
+    #[doc(hidden)]
+    pub fn server_streaming<Req, Resp>(
+        &self,
+        method: &'static MethodDescriptor,
+        request: Request<Req>,
+    ) -> Streaming<Resp>
+    where
+        Req: prost::Message,
+    {
+        let timeout = request.budget(self.inner.default_timeout);
+        let opened = self.open_stream(
+            method,
+            request.metadata(),
+            timeout,
+            Some(request.get_ref()),
+            false,
+        );
+        self.incoming(opened, |_| None)
+    }
+
+    /// Starts a bidirectional call whose requests come from a stream;
+    /// generated clients call this.
+    #[doc(hidden)]
+    pub fn streaming<S, Resp>(
+        &self,
+        method: &'static MethodDescriptor,
+        request: Request<S>,
+    ) -> Streaming<Resp>
+    where
+        S: Stream + Send + 'static,
+        S::Item: prost::Message + Send,
+    {
+        self.pumped(method, request, false)
+    }
+
+    /// Starts a client-streaming call whose requests come from a stream;
+    /// generated clients call this.
+    #[doc(hidden)]
+    pub fn client_streaming<S, Resp>(
+        &self,
+        method: &'static MethodDescriptor,
+        request: Request<S>,
+    ) -> ClientStreamingCall<Resp>
+    where
+        S: Stream + Send + 'static,
+        S::Item: prost::Message + Send,
+    {
+        ClientStreamingCall::new(self.pumped(method, request, true))
+    }
+
+    /// Starts a bidirectional call whose requests are sent through the
+    /// returned sender; generated clients call this.
+    #[doc(hidden)]
+    pub fn streaming_sender<Req, Resp>(
+        &self,
+        method: &'static MethodDescriptor,
+        request: Request<()>,
+    ) -> (RequestSender<Req>, Streaming<Resp>)
+    where
+        Req: prost::Message,
+    {
+        self.with_sender(method, request, false)
+    }
+
+    /// Starts a client-streaming call whose requests are sent through the
+    /// returned sender; generated clients call this.
+    #[doc(hidden)]
+    pub fn client_streaming_sender<Req, Resp>(
+        &self,
+        method: &'static MethodDescriptor,
+        request: Request<()>,
+    ) -> (RequestSender<Req>, ClientStreamingCall<Resp>)
+    where
+        Req: prost::Message,
+    {
+        let (sender, stream) = self.with_sender(method, request, true);
+        (sender, ClientStreamingCall::new(stream))
+    }
+
+    /// Opens a stream whose requests come from `request`'s stream, sent as
+    /// the returned `Streaming` is polled.
+    fn pumped<S, Resp>(
+        &self,
+        method: &'static MethodDescriptor,
+        request: Request<S>,
+        final_message: bool,
+    ) -> Streaming<Resp>
+    where
+        S: Stream + Send + 'static,
+        S::Item: prost::Message + Send,
+    {
+        let timeout = request.budget(self.inner.default_timeout);
+        let metadata = request.metadata().clone();
+        let stream = request.into_inner();
+        let opened = self.open_stream::<()>(method, &metadata, timeout, None, final_message);
+        self.incoming(opened, move |outbox| {
+            Some(Box::new(RequestPump::new(stream, outbox)) as Box<dyn Pump>)
+        })
+    }
+
+    /// Opens a stream whose requests go through a [`RequestSender`].
+    fn with_sender<Req: prost::Message, Resp>(
+        &self,
+        method: &'static MethodDescriptor,
+        request: Request<()>,
+        final_message: bool,
+    ) -> (RequestSender<Req>, Streaming<Resp>) {
+        let timeout = request.budget(self.inner.default_timeout);
+        let opened =
+            self.open_stream::<()>(method, request.metadata(), timeout, None, final_message);
+        let mut sender = None;
+        let stream = self.incoming(opened, |outbox| {
+            sender = Some(RequestSender::new(outbox));
+            None
+        });
+        let sender = sender.unwrap_or_else(|| RequestSender::new(Outbox::closed()));
+        (sender, stream)
+    }
+
+    fn open_stream<Req: prost::Message>(
+        &self,
+        method: &'static MethodDescriptor,
+        metadata: &Metadata,
+        timeout: Option<Duration>,
+        first: Option<&Req>,
+        final_message: bool,
+    ) -> Result<(CallId, Arc<StreamCore>), Status> {
+        let span = tracing::trace_span!("stream", method = method.path);
+        let _guard = span.enter();
+        with_client!(&self.inner.client, c => c.start_stream(method, metadata, timeout, first, final_message))
+    }
+
+    /// The consumer's end of an opened stream; `pump` makes the request
+    /// side from the stream's outbox.
+    fn incoming<Resp>(
+        &self,
+        opened: Result<(CallId, Arc<StreamCore>), Status>,
+        pump: impl FnOnce(Outbox) -> Option<Box<dyn Pump>>,
+    ) -> Streaming<Resp> {
+        let (id, core) = match opened {
+            Ok(opened) => opened,
+            Err(status) => return Streaming::failed(status),
+        };
+        let link: Arc<dyn Link> = with_client!(&self.inner.client, c => c.conn.clone());
+        let outbox = Outbox {
+            core: core.clone(),
+            link: link.clone(),
+            call_id: id,
+            method_id: 0,
+            first_metadata: None,
+            sent_any: false,
+        };
+        let pump = pump(outbox);
+        let owner: Arc<dyn CallOwner> = Arc::new(self.clone());
+        Streaming::new(core, link, id, Some(owner), pump)
     }
 
     fn cancel(&self, id: CallId) {
@@ -385,7 +549,7 @@ impl<F: Fabric> Client<F> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let id = self.ep.role.calls().insert(
             Call {
-                slot: slot.clone(),
+                waiter: Waiter::Unary(slot.clone()),
                 qp_num: self.conn.qp_num,
             },
             deadline,
@@ -399,7 +563,7 @@ impl<F: Fabric> Client<F> {
             call_id: id,
             method_id,
             status: 0,
-            timeout_us: timeout.map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32),
+            timeout_us: timeout_us(timeout),
             metadata: Some(request.metadata()),
             payload_len: message.encoded_len(),
         };
@@ -419,30 +583,104 @@ impl<F: Fabric> Client<F> {
         Ok((id, slot))
     }
 
+    /// Opens a stream: registers the call and sends its `Request` frame,
+    /// with `first` as the request message of a server-streaming call.
+    fn start_stream<Req: prost::Message>(
+        &self,
+        method: &MethodDescriptor,
+        metadata: &Metadata,
+        timeout: Option<Duration>,
+        first: Option<&Req>,
+        final_message: bool,
+    ) -> Result<(CallId, Arc<StreamCore>), Status> {
+        if !self.conn.is_alive() {
+            return Err(Status::unavailable(format!(
+                "connection closed: {}",
+                self.conn.death().unwrap_or_default()
+            )));
+        }
+        let core = StreamCore::new(DEFAULT_WINDOW);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let id = self.ep.role.calls().insert(
+            Call {
+                waiter: Waiter::Stream {
+                    core: core.clone(),
+                    final_message,
+                },
+                qp_num: self.conn.qp_num,
+            },
+            deadline,
+        );
+        if let Some(at) = deadline {
+            self.ep.wake_by(at);
+        }
+        let frame = OutFrame {
+            kind: FrameKind::Request,
+            call_id: id,
+            method_id: method.id,
+            status: 0,
+            timeout_us: timeout_us(timeout),
+            metadata: Some(metadata),
+            payload_len: first.map_or(0, |m| m.encoded_len()),
+        };
+        let sent = self.conn.send(&frame, false, &mut |buf| {
+            if let Some(m) = first {
+                crate::dispatch::encode_exact(m, buf)
+            }
+        });
+        if let Err(e) = sent {
+            self.ep.role.calls().remove(id);
+            return Err(e.into());
+        }
+        Ok((id, core))
+    }
+
     fn cancel(&self, id: CallId) {
-        if self.ep.role.calls().remove(id).is_some() {
+        let call = self.ep.role.calls().remove(id);
+        if let Some(call) = call {
+            if let Waiter::Stream { core, .. } = call.waiter {
+                core.fail(Status::cancelled("the call was cancelled"));
+            }
             send_cancel(&self.conn, id);
         }
     }
 }
 
+/// A timeout as the header's microseconds (0 = none; at least 1 otherwise).
+fn timeout_us(timeout: Option<Duration>) -> u32 {
+    timeout.map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32)
+}
+
 fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {
-    let frame = OutFrame {
-        kind: FrameKind::Cancel,
-        call_id: id,
-        method_id: 0,
-        status: 0,
-        timeout_us: 0,
-        metadata: None,
-        payload_len: 0,
-    };
-    let _ = conn.send(&frame, true, &mut |_| {});
+    let _ = send_control(conn, FrameKind::Cancel, id, 0);
+}
+
+/// Who waits for a call's frames.
+enum Waiter {
+    /// A unary call's caller.
+    Unary(Arc<CallSlot>),
+    /// A stream's consumer; with `final_message`, the final `Response`
+    /// carries a message (client-streaming calls).
+    Stream {
+        core: Arc<StreamCore>,
+        final_message: bool,
+    },
 }
 
 /// A call in flight on a dispatcher: who waits, and on which connection.
 struct Call {
-    slot: Arc<CallSlot>,
+    waiter: Waiter,
     qp_num: u32,
+}
+
+impl CallOwner for Channel {
+    fn release(&self, call_id: CallId) {
+        self.cancel(call_id);
+    }
+
+    fn progress(&self) -> bool {
+        self.try_progress()
+    }
 }
 
 /// The client's side of one dispatcher: completes the calls of every
@@ -504,18 +742,9 @@ impl ClientRole {
 
 impl<F: Fabric> Role<F> for ClientRole {
     fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
-        let result = match frame.header.kind {
-            FrameKind::Response => match frame.metadata {
-                Some(metadata) => Ok(RawReply {
-                    metadata,
-                    payload: frame.payload,
-                }),
-                None => Err(Status::internal("server sent malformed response metadata")),
-            },
-            FrameKind::Error => {
-                let message = String::from_utf8_lossy(&frame.payload).into_owned();
-                Err(Status::new(Code::from_u16(frame.header.status), message))
-            }
+        let h = frame.header;
+        match h.kind {
+            FrameKind::Response | FrameKind::Error | FrameKind::Message | FrameKind::Window => {}
             FrameKind::Credit => return,
             kind => {
                 tracing::warn!(
@@ -526,26 +755,75 @@ impl<F: Fabric> Role<F> for ClientRole {
                 ep.close(conn, "server sent an unexpected frame kind");
                 return;
             }
-        };
-        let id = frame.header.call_id;
-        let call = {
-            let mut calls = self.calls();
-            // Only a call of this connection: another channel's server
-            // cannot complete it.
-            match calls.get_mut(id) {
-                Some(c) if c.qp_num == conn.qp_num => calls.complete(id),
-                _ => None,
-            }
-        };
-        match call {
-            Some(call) => self.finish(call.slot, result),
-            None => {
+        }
+        let id = h.call_id;
+        let mut calls = self.calls();
+        // Only a call of this connection: another channel's server cannot
+        // complete it.
+        let stream = match calls.get_mut(id) {
+            Some(c) if c.qp_num == conn.qp_num => match &c.waiter {
+                Waiter::Unary(_) => None,
+                Waiter::Stream {
+                    core,
+                    final_message,
+                } => Some((core.clone(), *final_message)),
+            },
+            _ => {
+                drop(calls);
                 conn.note_stale();
                 tracing::debug!(
                     call_id = id.0,
-                    "dropped a response to a call that already ended"
+                    kind = ?h.kind,
+                    "dropped a frame of a call that already ended"
                 );
+                return;
             }
+        };
+        let Some((core, final_message)) = stream else {
+            // A unary call: completed by a response or an error only.
+            if !matches!(h.kind, FrameKind::Response | FrameKind::Error) {
+                drop(calls);
+                tracing::warn!(qp_num = conn.qp_num, kind = ?h.kind, "closing connection: stream frame for a unary call");
+                ep.close(conn, "server sent a stream frame for a unary call");
+                return;
+            }
+            let call = calls.complete(id);
+            drop(calls);
+            if let Some(Call {
+                waiter: Waiter::Unary(slot),
+                ..
+            }) = call
+            {
+                self.finish(slot, unary_outcome(frame));
+            }
+            return;
+        };
+        if matches!(h.kind, FrameKind::Response | FrameKind::Error) {
+            calls.complete(id);
+        }
+        drop(calls);
+        let body_len = h.metadata_len as usize + h.payload_len as usize;
+        let applied = match h.kind {
+            FrameKind::Message => match frame.metadata {
+                Some(md) => core.on_message(frame.payload, Some(md), body_len),
+                None => {
+                    self.fail_stream(conn, id, &core, "server sent malformed stream metadata");
+                    return;
+                }
+            },
+            FrameKind::Window => core.on_grant(h.timeout_us),
+            FrameKind::Response => {
+                let last = final_message.then_some(frame.payload);
+                core.on_end(Ok(()), last, frame.metadata, true)
+            }
+            _ => {
+                let status = error_status(&frame);
+                core.on_end(Err(status), None, frame.metadata, true)
+            }
+        };
+        if let Err(e) = applied {
+            tracing::warn!(qp_num = conn.qp_num, error = %e, "closing connection: stream protocol violation");
+            ep.close(conn, &format!("stream protocol violation: {e}"));
         }
     }
 
@@ -553,10 +831,11 @@ impl<F: Fabric> Role<F> for ClientRole {
         tracing::info!(%why, "connection lost");
         let calls = self.calls().remove_where(|c| c.qp_num == conn.qp_num);
         for (_, call) in calls {
-            self.finish(
-                call.slot,
-                Err(Status::unavailable(format!("connection lost: {why}"))),
-            );
+            let status = Status::unavailable(format!("connection lost: {why}"));
+            match call.waiter {
+                Waiter::Unary(slot) => self.finish(slot, Err(status)),
+                Waiter::Stream { core, .. } => core.fail(status),
+            }
         }
     }
 
@@ -570,17 +849,49 @@ impl<F: Fabric> Role<F> for ClientRole {
             calls.next_deadline()
         };
         for (id, call) in expired {
-            self.finish(
-                call.slot,
-                Err(Status::deadline_exceeded(
-                    "deadline exceeded before the response arrived",
-                )),
-            );
+            let status = Status::deadline_exceeded("deadline exceeded before the call finished");
+            match call.waiter {
+                Waiter::Unary(slot) => self.finish(slot, Err(status)),
+                Waiter::Stream { core, .. } => core.fail(status),
+            }
             if let Some(conn) = ep.conn(call.qp_num) {
                 send_cancel(&conn, id);
             }
         }
         next
+    }
+}
+
+impl ClientRole {
+    /// Ends a stream the server broke: its consumer sees `why`, the server a cancel.
+    fn fail_stream<F: Fabric>(&self, conn: &Conn<F>, id: CallId, core: &StreamCore, why: &str) {
+        self.calls().remove(id);
+        core.fail(Status::internal(why));
+        send_cancel(conn, id);
+    }
+}
+
+/// The status an `Error` frame carries.
+fn error_status(frame: &Frame) -> Status {
+    let message = String::from_utf8_lossy(&frame.payload).into_owned();
+    let status = Status::new(Code::from_u16(frame.header.status), message);
+    match &frame.metadata {
+        Some(md) if !md.is_empty() => status.with_metadata(md.clone()),
+        _ => status,
+    }
+}
+
+/// What a unary call's `Response` or `Error` frame tells its caller.
+fn unary_outcome(frame: Frame) -> Result<RawReply, Status> {
+    match frame.header.kind {
+        FrameKind::Response => match frame.metadata {
+            Some(metadata) => Ok(RawReply {
+                metadata,
+                payload: frame.payload,
+            }),
+            None => Err(Status::internal("server sent malformed response metadata")),
+        },
+        _ => Err(error_status(&frame)),
     }
 }
 

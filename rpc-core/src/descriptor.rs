@@ -11,6 +11,33 @@ pub struct MethodDescriptor {
     pub path: &'static str,
     /// Stable id: [`method_id`] of `path`.
     pub id: u32,
+    /// Which of the four kinds of rpc it is.
+    pub kind: MethodKind,
+}
+
+/// The four kinds of rpc, by which sides stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MethodKind {
+    /// One request, one response.
+    Unary,
+    /// One request, a stream of responses.
+    ServerStreaming,
+    /// A stream of requests, one response.
+    ClientStreaming,
+    /// Streams both ways (bidirectional).
+    Streaming,
+}
+
+impl MethodKind {
+    /// Whether the client sends a stream of requests.
+    pub fn client_streams(self) -> bool {
+        matches!(self, MethodKind::ClientStreaming | MethodKind::Streaming)
+    }
+
+    /// Whether the server sends a stream of responses.
+    pub fn server_streams(self) -> bool {
+        matches!(self, MethodKind::ServerStreaming | MethodKind::Streaming)
+    }
 }
 
 /// Describes a service: its full name and its rpcs.

@@ -333,6 +333,34 @@ pub(crate) fn block_on<F: Future<Output = ()> + Send>(future: F) {
     }
 }
 
+/// Runs `future` to completion on the calling thread and returns its
+/// output, parking the thread while it waits (the blocking forms of
+/// streams and streaming calls). A panic propagates to the caller.
+pub(crate) fn wait_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread, AtomicBool);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.1.store(true, Ordering::Release);
+            self.0.unpark();
+        }
+    }
+    let unpark = Arc::new(Unpark(std::thread::current(), AtomicBool::new(false)));
+    let waker = Waker::from(unpark.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+        while !unpark.1.swap(false, Ordering::AcqRel) {
+            std::thread::park();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,6 +63,7 @@ mod protocol;
 mod request;
 pub mod server;
 mod status;
+mod streaming;
 
 /// Internals for this workspace's tests and benchmarks (feature `testing`):
 /// the wire protocol's pure state and the connection handshake, to build
@@ -79,8 +80,11 @@ pub use client::ChannelBuilder;
 pub use client::{Channel, UnaryCall};
 pub use metadata::{InvalidMetadataKey, Metadata};
 pub use request::{IntoRequest, Request, Response};
-pub use server::{Server, ServerBuilder, ServerCall, ServerHandle, Service};
+pub use server::{MethodKind, Server, ServerBuilder, ServerCall, ServerHandle, Service};
 pub use status::{Code, Status};
+pub use streaming::{
+    BoxStream, ClientStreamingCall, IntoStreamingRequest, RequestSender, Streaming,
+};
 
 /// Includes the code `rpc_codegen` generated for a protobuf package.
 ///

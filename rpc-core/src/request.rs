@@ -1,6 +1,8 @@
 //! `Request<T>` and `Response<T>`: a message with its metadata and call options.
 
 use crate::Metadata;
+use crate::streaming::Signal;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A request: the message, its metadata, and options for this one call.
@@ -15,6 +17,8 @@ pub struct Request<T> {
     timeout: Option<Duration>,
     fail_fast: bool,
     deadline: Option<Instant>,
+    /// On the server: tells the handler its call was cancelled.
+    signal: Option<Arc<Signal>>,
 }
 
 impl<T> Request<T> {
@@ -26,6 +30,7 @@ impl<T> Request<T> {
             timeout: None,
             fail_fast: false,
             deadline: None,
+            signal: None,
         }
     }
 
@@ -78,9 +83,72 @@ impl<T> Request<T> {
         self.fail_fast
     }
 
-    /// On the server: the instant by which the caller stops waiting, if it set a timeout.
+    /// The instant by which the caller stops waiting: on the server, from
+    /// the timeout the caller set; on a client, as set with
+    /// [`Request::set_deadline`].
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+
+    /// Makes the call fail with `DeadlineExceeded` at `deadline` (and the
+    /// server see what remains of it), or at the timeout if that comes
+    /// first. A deadline already past fails the call at once.
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = Some(deadline);
+    }
+
+    /// A request for a call this handler makes on behalf of its own: it
+    /// carries this call's deadline, so the child call gets only the
+    /// budget that remains.
+    ///
+    /// ```ignore
+    /// async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
+    ///     let blob = self.store.fetch(request.child(FetchRequest { key: .. })).await?;
+    ///     ..
+    /// }
+    /// ```
+    pub fn child<U>(&self, message: U) -> Request<U> {
+        let mut child = Request::new(message);
+        child.deadline = self.deadline;
+        child
+    }
+
+    /// The time the caller allows: the smaller of the timeout and what
+    /// remains until the deadline.
+    pub(crate) fn budget(&self, default: Option<Duration>) -> Option<Duration> {
+        let timeout = self.timeout.or(default);
+        let remaining = self
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now()));
+        match (timeout, remaining) {
+            (Some(t), Some(r)) => Some(t.min(r)),
+            (t, r) => t.or(r),
+        }
+    }
+
+    /// On the server: whether the caller cancelled the call (it dropped it,
+    /// or its deadline passed) or went away. Handlers that run long check
+    /// it, or await [`Request::cancelled`].
+    pub fn is_cancelled(&self) -> bool {
+        self.signal.as_ref().is_some_and(|s| s.is_cancelled())
+    }
+
+    /// On the server: completes once the caller cancels the call or goes
+    /// away (never, for a call that cannot be cancelled). Race it against
+    /// the handler's work:
+    ///
+    /// ```ignore
+    /// tokio::select! {
+    ///     reply = work() => reply,
+    ///     () = request.cancelled() => Err(Status::cancelled("caller gave up")),
+    /// }
+    /// ```
+    pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let signal = self.signal.clone();
+        std::future::poll_fn(move |cx| match &signal {
+            Some(s) => s.poll_cancelled(cx),
+            None => std::task::Poll::Pending,
+        })
     }
 
     /// Replaces the message, keeping metadata and options.
@@ -91,6 +159,7 @@ impl<T> Request<T> {
             timeout: self.timeout,
             fail_fast: self.fail_fast,
             deadline: self.deadline,
+            signal: self.signal,
         }
     }
 
@@ -98,6 +167,7 @@ impl<T> Request<T> {
         message: T,
         metadata: Metadata,
         deadline: Option<Instant>,
+        signal: Option<Arc<Signal>>,
     ) -> Request<T> {
         Request {
             message,
@@ -105,6 +175,7 @@ impl<T> Request<T> {
             timeout: None,
             fail_fast: false,
             deadline,
+            signal,
         }
     }
 }

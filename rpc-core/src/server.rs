@@ -7,8 +7,11 @@ use crate::executor::{self, Executor, panic_message};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, Listener, LocalSetup, Scheme};
 use crate::idmap::IdMap;
+use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, FrameKind};
+use crate::streaming::{Link, Outbox, Signal, StreamCore, StreamEnd, Streaming, pump_responses};
 use crate::{Metadata, Request, Response, Status};
+use futures_core::Stream;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -18,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use crate::descriptor::{MethodDescriptor, ServiceDescriptor};
+pub use crate::descriptor::{MethodDescriptor, MethodKind, ServiceDescriptor};
 
 /// A service a [`Server`] can host. Generated `FooServer<T>` wrappers
 /// implement it; it can be implemented by hand too.
@@ -31,23 +34,53 @@ pub trait Service: Send + Sync + 'static {
     fn call(&self, call: ServerCall);
 }
 
-/// Sends replies on a connection, whatever its fabric.
-trait ReplySink: Send + Sync {
-    fn send(&self, frame: &OutFrame<'_>, fill: &mut dyn FnMut(&mut [u8])) -> Result<(), Status>;
-    fn peer(&self) -> &str;
-    /// Takes back the buffer a request arrived in, once decoded.
-    fn recycle(&self, buf: Vec<u8>);
+/// Calls of one dispatcher that can hear from their client after the
+/// request: streams (their messages, half-close, window and cancel) and
+/// unary calls whose handlers wait (their cancel).
+#[derive(Default)]
+struct Registry {
+    calls: Mutex<HashMap<(u32, CallId), Registered>>,
 }
 
-impl<F: Fabric> ReplySink for Conn<F> {
-    fn send(&self, frame: &OutFrame<'_>, fill: &mut dyn FnMut(&mut [u8])) -> Result<(), Status> {
-        Conn::send(self, frame, false, fill).map_err(Status::from)
+#[derive(Clone)]
+enum Registered {
+    Unary(Arc<Signal>),
+    Stream(Arc<StreamCore>),
+}
+
+impl Registered {
+    /// Ends the call for the handler: it sees `status` (streams) and its
+    /// cancellation signal fires.
+    fn cancel(&self, status: Status) {
+        match self {
+            Registered::Unary(signal) => signal.cancel(),
+            Registered::Stream(core) => core.fail(status),
+        }
     }
-    fn peer(&self) -> &str {
-        &self.peer_addr
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, CallId), Registered>> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn recycle(&self, buf: Vec<u8>) {
-        Conn::recycle(self, buf)
+
+    fn insert(&self, qp_num: u32, id: CallId, r: Registered) {
+        self.lock().insert((qp_num, id), r);
+    }
+
+    fn get(&self, qp_num: u32, id: CallId) -> Option<Registered> {
+        self.lock().get(&(qp_num, id)).cloned()
+    }
+
+    fn remove(&self, qp_num: u32, id: CallId) -> Option<Registered> {
+        self.lock().remove(&(qp_num, id))
+    }
+
+    /// Takes every call of connection `qp_num`.
+    fn take_connection(&self, qp_num: u32) -> Vec<Registered> {
+        let mut calls = self.lock();
+        let keys: Vec<_> = calls.keys().filter(|k| k.0 == qp_num).copied().collect();
+        keys.iter().filter_map(|k| calls.remove(k)).collect()
     }
 }
 
@@ -55,11 +88,19 @@ impl<F: Fabric> ReplySink for Conn<F> {
 pub struct ServerCall {
     method_id: u32,
     call_id: CallId,
+    qp_num: u32,
     metadata: Metadata,
     payload: Vec<u8>,
     deadline: Option<Instant>,
-    sink: Option<Arc<dyn ReplySink>>,
+    sink: Option<Arc<dyn Link>>,
     inflight: Arc<AtomicUsize>,
+    /// Where the call is registered for frames after its request.
+    registry: Arc<Registry>,
+    registered: bool,
+    /// A stream's state (streaming methods).
+    core: Option<Arc<StreamCore>>,
+    /// A unary call's cancellation signal, once it has one.
+    signal: Option<Arc<Signal>>,
 }
 
 impl fmt::Debug for ServerCall {
@@ -83,6 +124,38 @@ impl ServerCall {
         &self.metadata
     }
 
+    /// The signal the handler's request carries: the stream's, or the unary
+    /// call's own (made now if the call has none yet).
+    fn cancel_signal(&mut self) -> Option<Arc<Signal>> {
+        if let Some(core) = &self.core {
+            return Some(core.signal.clone());
+        }
+        Some(self.signal.get_or_insert_with(Default::default).clone())
+    }
+
+    /// Registers a unary call whose handler waits, so that a `Cancel`
+    /// reaches its signal. Called on the dispatcher thread before it
+    /// handles another frame, so no cancel can slip by.
+    fn register_unary(&mut self) {
+        if self.registered {
+            return;
+        }
+        if let Some(signal) = &self.signal {
+            self.registry
+                .insert(self.qp_num, self.call_id, Registered::Unary(signal.clone()));
+            self.registered = true;
+        }
+    }
+
+    /// Whether the caller cancelled the call or went away.
+    fn is_cancelled(&self) -> bool {
+        match (&self.core, &self.signal) {
+            (Some(core), _) => core.signal.is_cancelled(),
+            (None, Some(signal)) => signal.is_cancelled(),
+            (None, None) => false,
+        }
+    }
+
     /// Checks the deadline and decodes the request as `Req`; answers the
     /// call itself (`DeadlineExceeded`, `InvalidArgument`) and returns
     /// `None` when the handler must not run.
@@ -102,6 +175,7 @@ impl ServerCall {
                 message,
                 std::mem::take(&mut self.metadata),
                 self.deadline,
+                self.cancel_signal(),
             )),
             Err(e) => {
                 let what = std::any::type_name::<Req>();
@@ -170,25 +244,180 @@ impl ServerCall {
             Ok(future) => future,
             Err(panic) => return self.reply_panic(&*panic),
         };
-        let task = async move {
-            // Panics are caught here, around the handler's future, so that
-            // the call is still ours to answer with the panic's message.
-            let mut future = std::pin::pin!(future);
-            let result = std::future::poll_fn(|cx| {
-                match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-                    Ok(poll) => poll.map(Ok),
-                    Err(panic) => std::task::Poll::Ready(Err(panic)),
-                }
-            })
-            .await;
+        let mut call = self;
+        run_task(async move {
+            // A handler that has to wait can hear of a cancel from then on.
+            let result = run_handler(future, || call.register_unary()).await;
             match result {
-                Ok(result) => self.reply(result),
-                Err(panic) => self.reply_panic(&*panic),
+                Ok(result) => call.reply(result),
+                Err(panic) => call.reply_panic(&*panic),
             }
+        });
+    }
+
+    /// Like [`ServerCall::unary_async`], for a server-streaming method:
+    /// the handler's response is a stream, whose messages are sent as the
+    /// stream's window allows, then the final status. The stream is
+    /// dropped early if the client cancels the call or goes away.
+    pub fn server_streaming<Req, Resp, S, Fut, F>(mut self, handler: F)
+    where
+        Req: prost::Message + Default,
+        Resp: prost::Message + 'static,
+        S: Stream<Item = Result<Resp, Status>> + Send + 'static,
+        Fut: Future<Output = Result<Response<S>, Status>> + Send + 'static,
+        F: FnOnce(Request<Req>) -> Fut,
+    {
+        let Some(request) = self.take_request::<Req>() else {
+            return;
         };
-        match Executor::current() {
-            Some(exec) => exec.spawn(task),
-            None => executor::block_on(task),
+        self.respond_with_stream(request, handler);
+    }
+
+    /// Like [`ServerCall::unary_async`], for a client-streaming method:
+    /// the handler reads the request messages from a [`Streaming`] and
+    /// answers once.
+    pub fn client_streaming<Req, Resp, Fut, F>(mut self, handler: F)
+    where
+        Req: prost::Message + Default,
+        Resp: prost::Message + 'static,
+        Fut: Future<Output = Result<Response<Resp>, Status>> + Send + 'static,
+        F: FnOnce(Request<Streaming<Req>>) -> Fut,
+    {
+        let Some(request) = self.take_streaming_request::<Req>() else {
+            return;
+        };
+        let future = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+            Ok(future) => future,
+            Err(panic) => return self.reply_panic(&*panic),
+        };
+        let call = self;
+        run_task(async move {
+            let result = run_handler(future, || {}).await;
+            match result {
+                Ok(result) => call.reply(result),
+                Err(panic) => call.reply_panic(&*panic),
+            }
+        });
+    }
+
+    /// Like [`ServerCall::server_streaming`], for a bidirectional method:
+    /// the handler reads the request messages from a [`Streaming`] and
+    /// answers with a stream.
+    pub fn streaming<Req, Resp, S, Fut, F>(mut self, handler: F)
+    where
+        Req: prost::Message + Default,
+        Resp: prost::Message + 'static,
+        S: Stream<Item = Result<Resp, Status>> + Send + 'static,
+        Fut: Future<Output = Result<Response<S>, Status>> + Send + 'static,
+        F: FnOnce(Request<Streaming<Req>>) -> Fut,
+    {
+        let Some(request) = self.take_streaming_request::<Req>() else {
+            return;
+        };
+        self.respond_with_stream(request, handler);
+    }
+
+    /// The request of a client-streaming or bidirectional call: its
+    /// messages arrive on the call's stream. `None` if the call was
+    /// answered instead (deadline passed, not a stream).
+    fn take_streaming_request<Req>(&mut self) -> Option<Request<Streaming<Req>>> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.answer_err(&Status::deadline_exceeded(
+                "deadline passed before the handler ran",
+            ));
+            return None;
+        }
+        let (Some(core), Some(sink)) = (self.core.clone(), self.sink.clone()) else {
+            self.answer_err(&Status::internal(
+                "a streaming handler was given a call that is not a stream: check the \
+                 service's descriptor",
+            ));
+            return None;
+        };
+        sink.recycle(std::mem::take(&mut self.payload));
+        let signal = core.signal.clone();
+        let stream = Streaming::new(core, sink, self.call_id, None, None);
+        Some(Request::from_wire(
+            stream,
+            std::mem::take(&mut self.metadata),
+            self.deadline,
+            Some(signal),
+        ))
+    }
+
+    /// Runs a handler whose response is a stream, then sends the stream.
+    fn respond_with_stream<Req, Resp, S, Fut, F>(self, request: Request<Req>, handler: F)
+    where
+        Resp: prost::Message + 'static,
+        S: Stream<Item = Result<Resp, Status>> + Send + 'static,
+        Fut: Future<Output = Result<Response<S>, Status>> + Send + 'static,
+        F: FnOnce(Request<Req>) -> Fut,
+    {
+        let future = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+            Ok(future) => future,
+            Err(panic) => return self.reply_panic(&*panic),
+        };
+        let call = self;
+        run_task(async move {
+            match run_handler(future, || {}).await {
+                Ok(Ok(response)) => call.send_stream(response).await,
+                Ok(Err(status)) => call.reply_err(&status),
+                Err(panic) => call.reply_panic(&*panic),
+            }
+        });
+    }
+
+    /// Sends the messages of a handler's response stream as the window
+    /// allows, then the final status: `Response` (with the initial
+    /// metadata if no message carried it) at the stream's end, `Error` at
+    /// its first error. Stops, answering nothing, if the call is over.
+    async fn send_stream<Resp, S>(mut self, response: Response<S>)
+    where
+        Resp: prost::Message + 'static,
+        S: Stream<Item = Result<Resp, Status>> + Send + 'static,
+    {
+        let (Some(core), Some(sink)) = (self.core.clone(), self.sink.clone()) else {
+            return self.reply_err(&Status::internal(
+                "a streaming handler was given a call that is not a stream: check the \
+                 service's descriptor",
+            ));
+        };
+        let (metadata, stream) = response.into_parts();
+        let mut outbox = Outbox {
+            core,
+            link: sink,
+            call_id: self.call_id,
+            method_id: self.method_id,
+            first_metadata: Some(metadata),
+            sent_any: false,
+        };
+        let mut stream = std::pin::pin!(stream);
+        let mut next: Option<Resp> = None;
+        let end = std::future::poll_fn(|cx| {
+            let polled = catch_unwind(AssertUnwindSafe(|| {
+                pump_responses(cx, stream.as_mut(), &mut outbox, &mut next)
+            }));
+            outbox.flush();
+            match polled {
+                Ok(poll) => poll,
+                Err(panic) => std::task::Poll::Ready(StreamEnd::Panicked(panic_message(&*panic))),
+            }
+        })
+        .await;
+        match end {
+            StreamEnd::Finished => {
+                let metadata = outbox.first_metadata.take().unwrap_or_default();
+                self.reply_ok(Response::from_parts(metadata, ()));
+            }
+            StreamEnd::Failed(status) => self.reply_err(&status),
+            StreamEnd::Panicked(what) => {
+                tracing::error!(method_id = self.method_id, panic = %what, "response stream panicked");
+                self.reply_err(&Status::internal(format!("handler panicked: {what}")));
+            }
+            // Cancelled, or the connection is gone: nobody to answer.
+            StreamEnd::Over => {
+                self.sink = None;
+            }
         }
     }
 
@@ -203,6 +432,9 @@ impl ServerCall {
 
     fn reply_ok<Resp: prost::Message>(mut self, response: Response<Resp>) {
         let Some(sink) = self.sink.take() else { return };
+        if self.is_cancelled() {
+            return; // the caller is gone: nobody reads the answer
+        }
         let (metadata, message) = response.into_parts();
         let frame = OutFrame {
             kind: FrameKind::Response,
@@ -213,7 +445,7 @@ impl ServerCall {
             metadata: Some(&metadata),
             payload_len: message.encoded_len(),
         };
-        if let Err(status) = sink.send(&frame, &mut |buf| encode_exact(&message, buf)) {
+        if let Err(status) = sink.send(&frame, false, &mut |buf| encode_exact(&message, buf)) {
             // Too large for the client, or the connection is gone: say so if we still can.
             tracing::debug!(peer = sink.peer(), %status, "could not send a response");
             self.sink = Some(sink);
@@ -228,12 +460,14 @@ impl ServerCall {
     /// Answers with an error status, once.
     fn answer_err(&mut self, status: &Status) {
         if let Some(sink) = self.sink.take() {
-            send_error(&*sink, self.call_id, self.method_id, status);
+            if !self.is_cancelled() {
+                send_error(&*sink, self.call_id, self.method_id, status);
+            }
         }
     }
 }
 
-fn send_error(sink: &dyn ReplySink, call_id: CallId, method_id: u32, status: &Status) {
+fn send_error(sink: &dyn Link, call_id: CallId, method_id: u32, status: &Status) {
     let message = status.message().as_bytes();
     // Keep error messages within any client's limits.
     let message = &message[..message.len().min(4096)];
@@ -243,16 +477,57 @@ fn send_error(sink: &dyn ReplySink, call_id: CallId, method_id: u32, status: &St
         method_id,
         status: status.code() as u16,
         timeout_us: 0,
-        metadata: None,
+        metadata: status.metadata(),
         payload_len: message.len(),
     };
-    if let Err(e) = sink.send(&frame, &mut |buf| buf.copy_from_slice(message)) {
+    if let Err(e) = sink.send(&frame, false, &mut |buf| buf.copy_from_slice(message)) {
         tracing::debug!(peer = sink.peer(), error = %e, "could not send an error response");
     }
 }
 
+/// Runs a handler's task: on a dispatcher, to completion there (parking
+/// while it waits); elsewhere (the blocking pool), blocking the thread.
+fn run_task(task: impl Future<Output = ()> + Send + 'static) {
+    match Executor::current() {
+        Some(exec) => exec.spawn(task),
+        None => executor::block_on(task),
+    }
+}
+
+/// Polls a handler's future to its output, catching a panic (so that the
+/// call is still ours to answer with the panic's message); `on_wait` runs
+/// each time it has to wait.
+async fn run_handler<T, Fut: Future<Output = T>>(
+    future: Fut,
+    mut on_wait: impl FnMut(),
+) -> Result<T, Box<dyn std::any::Any + Send>> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => {
+                on_wait();
+                std::task::Poll::Pending
+            }
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await
+}
+
 impl Drop for ServerCall {
     fn drop(&mut self) {
+        if self.registered {
+            self.registry.remove(self.qp_num, self.call_id);
+        }
+        if let Some(core) = &self.core {
+            // A request stream still read (by a task the handler spawned)
+            // ends: nothing more arrives for a finished call.
+            core.fail(Status::cancelled("the call has finished"));
+        }
+        if self.sink.is_some() && self.is_cancelled() {
+            self.sink = None;
+        }
         if let Some(sink) = self.sink.take() {
             // A handler's future dropped after it panicked (see the executor).
             let status = match executor::take_panic_message() {
@@ -423,6 +698,7 @@ impl ServerBuilder {
                 let route = Route {
                     service: svc.clone(),
                     blocking: *blocking || self.blocking_methods.iter().any(|p| p == m.path),
+                    kind: m.kind,
                 };
                 if let Some((other, _)) = routes.insert(m.id, (m.path, route)) {
                     return Err(Status::invalid_argument(format!(
@@ -460,6 +736,7 @@ impl ServerBuilder {
         for _ in 0..self.dispatchers {
             let role = ServerRole {
                 shared: shared.clone(),
+                registry: Arc::default(),
             };
             endpoints.push(Endpoint::new(
                 fabric.clone(),
@@ -571,6 +848,7 @@ struct Route {
     service: Arc<dyn Service>,
     /// On the blocking pool, not the dispatcher.
     blocking: bool,
+    kind: MethodKind,
 }
 
 /// Calls a service, answering a call the service dropped after a panic.
@@ -594,6 +872,7 @@ struct ServerShared {
 /// The server's side of one dispatcher: routes requests to handlers.
 struct ServerRole {
     shared: Arc<ServerShared>,
+    registry: Arc<Registry>,
 }
 
 impl<F: Fabric> Role<F> for ServerRole {
@@ -601,9 +880,10 @@ impl<F: Fabric> Role<F> for ServerRole {
         let h = frame.header;
         match h.kind {
             FrameKind::Request => {}
-            // Handlers are not interruptible; a cancelled call's late reply is
-            // dropped by the client.
-            FrameKind::Cancel | FrameKind::Credit => return,
+            FrameKind::Message | FrameKind::HalfClose | FrameKind::Window | FrameKind::Cancel => {
+                return self.on_call_frame(ep, conn, frame);
+            }
+            FrameKind::Credit => return,
             kind => {
                 tracing::warn!(
                     qp_num = conn.qp_num,
@@ -618,20 +898,24 @@ impl<F: Fabric> Role<F> for ServerRole {
         shared.inflight.fetch_add(1, Ordering::AcqRel);
         let deadline =
             (h.timeout_us > 0).then(|| Instant::now() + Duration::from_micros(h.timeout_us as u64));
-        let sink: Arc<dyn ReplySink> = conn.clone();
-        let call = ServerCall {
+        let sink: Arc<dyn Link> = conn.clone();
+        let mut call = ServerCall {
             method_id: h.method_id,
             call_id: h.call_id,
+            qp_num: conn.qp_num,
             metadata: Metadata::new(),
             payload: frame.payload,
             deadline,
             sink: Some(sink),
             inflight: shared.inflight.clone(),
+            registry: self.registry.clone(),
+            registered: false,
+            core: None,
+            signal: None,
         };
         let Some(metadata) = frame.metadata else {
             return call.reply_err(&Status::invalid_argument("request metadata is malformed"));
         };
-        let mut call = call;
         call.metadata = metadata;
         if shared.draining.load(Ordering::Acquire) {
             return call.reply_err(&Status::unavailable("server is shutting down"));
@@ -639,6 +923,21 @@ impl<F: Fabric> Role<F> for ServerRole {
         let Some(route) = shared.routes.get(&h.method_id) else {
             return call.unimplemented();
         };
+        // A stream, or a call handed to another thread, is registered now:
+        // its next frames may arrive before its handler runs.
+        if route.kind != MethodKind::Unary {
+            let core = StreamCore::new(DEFAULT_WINDOW);
+            self.registry
+                .insert(conn.qp_num, h.call_id, Registered::Stream(core.clone()));
+            call.core = Some(core);
+            call.registered = true;
+        } else if route.blocking {
+            let signal = Arc::new(Signal::default());
+            self.registry
+                .insert(conn.qp_num, h.call_id, Registered::Unary(signal.clone()));
+            call.signal = Some(signal);
+            call.registered = true;
+        }
         if route.blocking {
             let service = route.service.clone();
             shared
@@ -651,10 +950,57 @@ impl<F: Fabric> Role<F> for ServerRole {
 
     fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str) {
         tracing::info!(peer = %conn.peer_addr, qp_num = conn.qp_num, %why, "client disconnected");
+        for call in self.registry.take_connection(conn.qp_num) {
+            call.cancel(Status::unavailable(format!("connection lost: {why}")));
+        }
     }
 
     fn on_tick(&self, _ep: &Endpoint<F, Self>, _now: Instant) -> Option<Instant> {
         None
+    }
+}
+
+impl ServerRole {
+    /// A frame for a call after its request: stream traffic or a cancel.
+    fn on_call_frame<F: Fabric>(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
+        let h = frame.header;
+        let Some(call) = self.registry.get(conn.qp_num, h.call_id) else {
+            // The call ended (its answer crossed this frame), or its
+            // handler finished without waiting: nothing to tell.
+            tracing::trace!(call_id = h.call_id.0, kind = ?h.kind, "frame for a call that is not live");
+            return;
+        };
+        let applied = match (&call, h.kind) {
+            (_, FrameKind::Cancel) => {
+                self.registry.remove(conn.qp_num, h.call_id);
+                call.cancel(Status::cancelled("the client cancelled the call"));
+                Ok(())
+            }
+            (Registered::Stream(core), FrameKind::Message) => match frame.metadata {
+                Some(md) => core.on_message(
+                    frame.payload,
+                    Some(md),
+                    h.metadata_len as usize + h.payload_len as usize,
+                ),
+                None => {
+                    ep.close(conn, "client sent malformed stream metadata");
+                    return;
+                }
+            },
+            (Registered::Stream(core), FrameKind::HalfClose) => core.on_end(Ok(()), None, None, false),
+            (Registered::Stream(core), FrameKind::Window) => core.on_grant(h.timeout_us),
+            (Registered::Unary(_), kind) => {
+                tracing::warn!(qp_num = conn.qp_num, ?kind, "closing connection: stream frame for a unary call");
+                ep.close(conn, "client sent a stream frame for a unary call");
+                return;
+            }
+            // Only the kinds above are routed here.
+            (Registered::Stream(_), _) => Ok(()),
+        };
+        if let Err(e) = applied {
+            tracing::warn!(qp_num = conn.qp_num, error = %e, "closing connection: stream protocol violation");
+            ep.close(conn, &format!("stream protocol violation: {e}"));
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! `Status` and `Code`: how a call fails, with gRPC's status codes.
 
+use crate::Metadata;
 use std::fmt;
 
 /// A gRPC status code. The numeric values are gRPC's, so they can be mapped
@@ -108,6 +109,8 @@ impl fmt::Display for Code {
 pub struct Status {
     code: Code,
     message: String,
+    /// Trailing metadata sent with the status (boxed: most have none).
+    metadata: Option<Box<Metadata>>,
 }
 
 macro_rules! constructors {
@@ -124,7 +127,20 @@ impl Status {
         Status {
             code,
             message: message.into(),
+            metadata: None,
         }
+    }
+
+    /// This status with `metadata` as its trailing metadata: it travels
+    /// with the status to the caller (at most 64 KiB encoded).
+    pub fn with_metadata(mut self, metadata: Metadata) -> Status {
+        self.metadata = (!metadata.is_empty()).then(|| Box::new(metadata));
+        self
+    }
+
+    /// The trailing metadata that came with the status, if any.
+    pub fn metadata(&self) -> Option<&Metadata> {
+        self.metadata.as_deref()
     }
 
     constructors! {

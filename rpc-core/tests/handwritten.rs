@@ -18,21 +18,25 @@ static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor {
             name: "Echo",
             path: "/hand.Echo/Echo",
             id: method_id("/hand.Echo/Echo"),
+            kind: MethodKind::Unary,
         },
         MethodDescriptor {
             name: "Sleep",
             path: "/hand.Echo/Sleep",
             id: method_id("/hand.Echo/Sleep"),
+            kind: MethodKind::Unary,
         },
         MethodDescriptor {
             name: "Panic",
             path: "/hand.Echo/Panic",
             id: method_id("/hand.Echo/Panic"),
+            kind: MethodKind::Unary,
         },
         MethodDescriptor {
             name: "Forget",
             path: "/hand.Echo/Forget",
             id: method_id("/hand.Echo/Forget"),
+            kind: MethodKind::Unary,
         },
     ],
 };
@@ -44,6 +48,7 @@ static UNKNOWN: MethodDescriptor = MethodDescriptor {
     name: "Nope",
     path: "/hand.Echo/Nope",
     id: 0xdead_beef,
+    kind: MethodKind::Unary,
 };
 
 struct Echo;

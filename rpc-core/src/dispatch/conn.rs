@@ -440,3 +440,25 @@ impl<F: Fabric> Conn<F> {
 fn copy_into<R: Region>(staging: &R) -> impl FnMut(usize, &[u8]) + '_ {
     move |offset, frame| staging.write(offset, frame.len(), |buf| buf.copy_from_slice(frame))
 }
+
+impl<F: Fabric> crate::streaming::Link for Conn<F> {
+    fn send(
+        &self,
+        frame: &OutFrame<'_>,
+        cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), Status> {
+        self.send_with(frame, false, cork, fill)
+            .map(drop)
+            .map_err(Status::from)
+    }
+    fn uncork(&self) {
+        Conn::uncork(self)
+    }
+    fn peer(&self) -> &str {
+        &self.peer_addr
+    }
+    fn recycle(&self, buf: Vec<u8>) {
+        Conn::recycle(self, buf)
+    }
+}

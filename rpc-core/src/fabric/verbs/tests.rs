@@ -257,6 +257,7 @@ fn rdma_fatal_event_fails_pending_calls_with_unavailable() {
             name: "Slow",
             path: "/t.Slow/Slow",
             id: method_id("/t.Slow/Slow"),
+            kind: crate::codegen::MethodKind::Unary,
         }],
     };
     struct Slow;

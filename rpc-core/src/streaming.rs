@@ -1,0 +1,921 @@
+//! Streams: [`Streaming`] (the messages that arrive), [`RequestSender`]
+//! (the blocking way to send them), [`ClientStreamingCall`], and the shared
+//! state the dispatchers feed.
+//!
+//! A stream's two directions meet in a [`StreamCore`]: the dispatcher copies
+//! each `Message` frame out of the ring into the core's inbox at once (so a
+//! consumer that stops reading never holds up the ring the connection's
+//! other calls share), and the window of `protocol::stream` bounds what the
+//! inbox holds. The consumer takes messages from the inbox and grants window
+//! back; the producer waits on the core for window before each message.
+//! Nothing here runs on a thread of its own: a stream makes progress when
+//! its consumer or producer polls it (or, on a server, when the
+//! dispatcher runs the handler's task).
+
+use crate::dispatch::{OutFrame, encode_exact};
+use crate::protocol::stream::{Inbound, RecvWindow, SendWindow, StreamError};
+use crate::protocol::{CallId, FrameKind};
+use crate::{Metadata, Request, Response, Status};
+use futures_core::Stream;
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+/// Messages a producer sends per poll before it lets others run.
+const SEND_BUDGET: usize = 64;
+
+/// A boxed stream of messages or errors, for handlers that return one
+/// without naming its type: `type ListFeaturesStream = BoxStream<Feature>;`.
+pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Sends frames on a connection, whatever its fabric.
+pub(crate) trait Link: Send + Sync {
+    /// Encodes and sends (or queues) a frame; with `cork`, the write may
+    /// wait for [`Link::uncork`]. `fill` writes the payload.
+    fn send(
+        &self,
+        frame: &OutFrame<'_>,
+        cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), Status>;
+    /// Posts the writes held by corked sends.
+    fn uncork(&self);
+    /// The peer's address, for logs.
+    fn peer(&self) -> &str;
+    /// Takes back the buffer a message arrived in, once decoded.
+    fn recycle(&self, buf: Vec<u8>);
+}
+
+/// The link of a call that never started: nothing can be sent.
+struct NoLink;
+
+impl Link for NoLink {
+    fn send(&self, _: &OutFrame<'_>, _: bool, _: &mut dyn FnMut(&mut [u8])) -> Result<(), Status> {
+        Err(Status::unavailable("the call did not start"))
+    }
+    fn uncork(&self) {}
+    fn peer(&self) -> &str {
+        ""
+    }
+    fn recycle(&self, _: Vec<u8>) {}
+}
+
+/// Sends a frame with no payload (`HalfClose`, `Window`, `Cancel`).
+pub(crate) fn send_control(
+    link: &dyn Link,
+    kind: FrameKind,
+    call_id: CallId,
+    value: u32,
+) -> Result<(), Status> {
+    let frame = OutFrame {
+        kind,
+        call_id,
+        method_id: 0,
+        status: 0,
+        timeout_us: value,
+        metadata: None,
+        payload_len: 0,
+    };
+    link.send(&frame, false, &mut |_| {})
+}
+
+/// Whether a call was cancelled, and who waits to hear it: what a server
+/// handler sees through [`Request::cancelled`].
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    cancelled: AtomicBool,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Signal {
+    /// Marks the call cancelled and wakes whoever waits for that.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut *lock(&self.wakers));
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn poll_cancelled(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_cancelled() {
+            return Poll::Ready(());
+        }
+        let mut wakers = lock(&self.wakers);
+        // Checked again under the lock: `cancel` takes the wakers under it.
+        if self.is_cancelled() {
+            return Poll::Ready(());
+        }
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One stream's state, shared by the dispatcher and the stream's ends.
+#[derive(Debug)]
+pub(crate) struct StreamCore {
+    st: Mutex<CoreState>,
+    /// Set when the call is cancelled or its connection lost (servers).
+    pub(crate) signal: Arc<Signal>,
+}
+
+#[derive(Debug)]
+struct CoreState {
+    /// Messages that arrived and were not taken yet, with their window cost.
+    inbox: VecDeque<(Vec<u8>, usize)>,
+    recv: RecvWindow,
+    inbound: Inbound,
+    /// How the inbound direction ended, once it did (told after the inbox
+    /// drains).
+    end: Option<Result<(), Status>>,
+    /// The metadata of the peer's first frame (the server's initial metadata).
+    headers: Option<Metadata>,
+    /// The metadata of the peer's last frame (the server's trailers).
+    trailers: Option<Metadata>,
+    reader: Option<Waker>,
+    send: SendWindow,
+    writer: Option<Waker>,
+    /// Why nothing more may be sent, once the call is over for this side.
+    over: Option<Status>,
+}
+
+impl StreamCore {
+    /// A stream with windows of `window` bytes each way.
+    pub(crate) fn new(window: u32) -> Arc<StreamCore> {
+        Arc::new(StreamCore {
+            st: Mutex::new(CoreState {
+                inbox: VecDeque::new(),
+                recv: RecvWindow::new(window),
+                inbound: Inbound::default(),
+                end: None,
+                headers: None,
+                trailers: None,
+                reader: None,
+                send: SendWindow::new(window),
+                writer: None,
+                over: None,
+            }),
+            signal: Arc::new(Signal::default()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, CoreState> {
+        lock(&self.st)
+    }
+
+    /// A `Message` frame arrived (dispatcher): `body_len` is its metadata
+    /// and payload length, what the window counts.
+    pub(crate) fn on_message(
+        &self,
+        payload: Vec<u8>,
+        metadata: Option<Metadata>,
+        body_len: usize,
+    ) -> Result<(), StreamError> {
+        let waker = {
+            let mut st = self.state();
+            st.inbound.on_message()?;
+            st.recv.on_message(body_len)?;
+            if st.headers.is_none() {
+                st.headers = Some(metadata.unwrap_or_default());
+            }
+            st.inbox.push_back((payload, body_len));
+            st.reader.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// The peer ended its direction (dispatcher): a `HalfClose` (server),
+    /// or the final `Response` or `Error` (client). A final message outside
+    /// the window (a client-streaming call's response) and the frame's
+    /// metadata come with it. `finished` ends the call for sends too.
+    pub(crate) fn on_end(
+        &self,
+        result: Result<(), Status>,
+        last: Option<Vec<u8>>,
+        metadata: Option<Metadata>,
+        finished: bool,
+    ) -> Result<(), StreamError> {
+        let (reader, writer) = {
+            let mut st = self.state();
+            st.inbound.on_close()?;
+            if let Some(message) = last {
+                st.inbox.push_back((message, 0));
+            }
+            if let Some(md) = metadata {
+                if st.headers.is_none() {
+                    st.headers = Some(md.clone());
+                }
+                st.trailers = Some(md);
+            }
+            let status = result.as_ref().err().cloned();
+            st.end = Some(result);
+            let writer = if finished && st.over.is_none() {
+                st.over = Some(
+                    status.unwrap_or_else(|| Status::cancelled("the server finished the call")),
+                );
+                st.writer.take()
+            } else {
+                None
+            };
+            (st.reader.take(), writer)
+        };
+        for w in [reader, writer].into_iter().flatten() {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// The peer granted window back (dispatcher).
+    pub(crate) fn on_grant(&self, grant: u32) -> Result<(), StreamError> {
+        let waker = {
+            let mut st = self.state();
+            st.send.on_grant(grant)?;
+            st.writer.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Ends the call on this side with `status`: cancelled, deadline
+    /// passed, connection lost. What was received stays readable; then the
+    /// reader sees `status`, and senders fail with it.
+    pub(crate) fn fail(&self, status: Status) {
+        let (reader, writer) = {
+            let mut st = self.state();
+            if st.end.is_none() {
+                st.end = Some(Err(status.clone()));
+            }
+            if st.over.is_none() {
+                st.over = Some(status);
+            }
+            (st.reader.take(), st.writer.take())
+        };
+        for w in [reader, writer].into_iter().flatten() {
+            w.wake();
+        }
+        self.signal.cancel();
+    }
+
+    /// Whether the call is over for sends.
+    pub(crate) fn is_over(&self) -> bool {
+        self.state().over.is_some()
+    }
+
+    /// The next message, once one is in, with the window grant to send back
+    /// if one is due; `None` at the clean end.
+    fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Status>>> {
+        let mut st = self.state();
+        if let Some((message, cost)) = st.inbox.pop_front() {
+            // A grant is worth sending only while the peer may still send.
+            let grant = if cost > 0 {
+                st.recv
+                    .on_consumed(cost)
+                    .filter(|_| st.over.is_none() && !st.inbound.is_closed())
+            } else {
+                None
+            };
+            return Poll::Ready(Some(Ok(Received { message, grant })));
+        }
+        match &st.end {
+            Some(Ok(())) => Poll::Ready(None),
+            Some(Err(status)) => Poll::Ready(Some(Err(status.clone()))),
+            None => {
+                st.reader = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Ready once a message of `body_len` bytes may be sent (its window is
+    /// then taken), or with the reason nothing may be sent any more.
+    fn poll_window(&self, cx: &mut Context<'_>, body_len: usize) -> Poll<Result<(), Status>> {
+        let mut st = self.state();
+        if let Some(status) = &st.over {
+            return Poll::Ready(Err(status.clone()));
+        }
+        if st.send.try_send(body_len) {
+            return Poll::Ready(Ok(()));
+        }
+        st.writer = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// Wakes the task with `cx` once the call ends for sends, too (a
+    /// producer waiting on something else still hears of a cancellation).
+    fn watch_over(&self, cx: &mut Context<'_>) -> bool {
+        let mut st = self.state();
+        if st.over.is_some() {
+            return true;
+        }
+        st.writer = Some(cx.waker().clone());
+        false
+    }
+
+    fn metadata(&self) -> (Option<Metadata>, Option<Metadata>) {
+        let st = self.state();
+        (st.headers.clone(), st.trailers.clone())
+    }
+}
+
+/// A message taken from a stream's inbox.
+struct Received {
+    message: Vec<u8>,
+    grant: Option<u32>,
+}
+
+/// The sending half of one stream direction: frames `Message`s within the
+/// window, and `HalfClose` at the end.
+pub(crate) struct Outbox {
+    pub(crate) core: Arc<StreamCore>,
+    pub(crate) link: Arc<dyn Link>,
+    pub(crate) call_id: CallId,
+    pub(crate) method_id: u32,
+    /// Metadata for the first message (a server's initial metadata).
+    pub(crate) first_metadata: Option<Metadata>,
+    /// Whether messages were sent.
+    pub(crate) sent_any: bool,
+}
+
+impl Outbox {
+    /// The outbox of a call that did not start: every send fails.
+    pub(crate) fn closed() -> Outbox {
+        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW);
+        core.fail(Status::unavailable("the call did not start"));
+        Outbox {
+            core,
+            link: Arc::new(NoLink),
+            call_id: CallId(0),
+            method_id: 0,
+            first_metadata: None,
+            sent_any: false,
+        }
+    }
+
+    /// Sends `message` once the window allows it: `Pending` until then.
+    /// The write may stay corked until [`Outbox::flush`].
+    pub(crate) fn poll_send<M: prost::Message>(
+        &mut self,
+        cx: &mut Context<'_>,
+        message: &M,
+    ) -> Poll<Result<(), Status>> {
+        let md = self.first_metadata.as_ref().filter(|m| !m.is_empty());
+        let md_len = md.map_or(0, Metadata::encoded_len);
+        let len = message.encoded_len();
+        match self.core.poll_window(cx, md_len + len) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
+            Poll::Ready(Ok(())) => {}
+        }
+        let frame = OutFrame {
+            kind: FrameKind::Message,
+            call_id: self.call_id,
+            method_id: self.method_id,
+            status: 0,
+            timeout_us: 0,
+            metadata: md,
+            payload_len: len,
+        };
+        let sent = self
+            .link
+            .send(&frame, true, &mut |buf| encode_exact(message, buf));
+        self.first_metadata = None;
+        self.sent_any = true;
+        Poll::Ready(sent)
+    }
+
+    /// Posts what corked sends held.
+    pub(crate) fn flush(&self) {
+        self.link.uncork();
+    }
+
+    /// Ends this direction (client): the peer sees the request stream complete.
+    fn half_close(&self) -> Result<(), Status> {
+        if self.core.is_over() {
+            return Ok(());
+        }
+        send_control(&*self.link, FrameKind::HalfClose, self.call_id, 0)
+    }
+}
+
+/// How a server's response stream ended.
+pub(crate) enum StreamEnd {
+    /// It yielded its last message.
+    Finished,
+    /// It yielded an error, or a message could not be sent.
+    Failed(Status),
+    /// Polling it panicked, with this message.
+    Panicked(String),
+    /// The call is over (cancelled, connection lost): nobody reads more.
+    Over,
+}
+
+/// Sends what a server's response stream yields as the window allows
+/// (`next` holds a message waiting for window), up to a budget per poll.
+pub(crate) fn pump_responses<Resp, S>(
+    cx: &mut Context<'_>,
+    mut stream: Pin<&mut S>,
+    outbox: &mut Outbox,
+    next: &mut Option<Resp>,
+) -> Poll<StreamEnd>
+where
+    Resp: prost::Message,
+    S: Stream<Item = Result<Resp, Status>>,
+{
+    for _ in 0..SEND_BUDGET {
+        let message = match next.take() {
+            Some(m) => m,
+            None => match stream.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(m))) => m,
+                Poll::Ready(Some(Err(status))) => return Poll::Ready(StreamEnd::Failed(status)),
+                Poll::Ready(None) => return Poll::Ready(StreamEnd::Finished),
+                Poll::Pending => {
+                    // Waiting on the stream: a cancel must still wake us.
+                    if outbox.core.watch_over(cx) {
+                        return Poll::Ready(StreamEnd::Over);
+                    }
+                    return Poll::Pending;
+                }
+            },
+        };
+        match outbox.poll_send(cx, &message) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(status)) => {
+                return Poll::Ready(if outbox.core.is_over() {
+                    StreamEnd::Over
+                } else {
+                    StreamEnd::Failed(status)
+                });
+            }
+            Poll::Pending => {
+                *next = Some(message);
+                return Poll::Pending;
+            }
+        }
+    }
+    // Let the dispatcher's other work run; come back at once.
+    cx.waker().wake_by_ref();
+    Poll::Pending
+}
+
+/// Sends the messages of a `Stream` into a stream direction as the window
+/// allows; polled by whoever waits on the call.
+pub(crate) trait Pump: Send {
+    /// Sends what is ready; `Ready` once the stream ended (and the
+    /// direction is closed) or the call is over.
+    fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+/// A client's request stream, sent as it yields.
+pub(crate) struct RequestPump<S: Stream> {
+    stream: Pin<Box<S>>,
+    outbox: Outbox,
+    next: Option<S::Item>,
+    done: bool,
+}
+
+impl<S> RequestPump<S>
+where
+    S: Stream + Send + 'static,
+    S::Item: prost::Message,
+{
+    pub(crate) fn new(stream: S, outbox: Outbox) -> RequestPump<S> {
+        RequestPump {
+            stream: Box::pin(stream),
+            outbox,
+            next: None,
+            done: false,
+        }
+    }
+}
+
+impl<S> Pump for RequestPump<S>
+where
+    S: Stream + Send + 'static,
+    S::Item: prost::Message + Send,
+{
+    fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.done {
+            return Poll::Ready(());
+        }
+        let mut sent = 0;
+        let outcome = loop {
+            if sent == SEND_BUDGET {
+                cx.waker().wake_by_ref();
+                break Poll::Pending;
+            }
+            let message = match self.next.take() {
+                Some(m) => m,
+                None => match self.stream.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(m)) => m,
+                    Poll::Ready(None) => {
+                        self.outbox.flush();
+                        if let Err(status) = self.outbox.half_close() {
+                            tracing::debug!(%status, "could not half-close a request stream");
+                        }
+                        break Poll::Ready(());
+                    }
+                    Poll::Pending => break Poll::Pending,
+                },
+            };
+            match self.outbox.poll_send(cx, &message) {
+                Poll::Ready(Ok(())) => sent += 1,
+                // The call is over (its outcome tells why) or the message
+                // could not go (too large): the response says what happened.
+                Poll::Ready(Err(status)) => {
+                    tracing::debug!(%status, "request stream stopped");
+                    if !self.outbox.core.is_over() {
+                        // A message that cannot be sent fails the call.
+                        self.outbox.core.fail(status);
+                    }
+                    break Poll::Ready(());
+                }
+                Poll::Pending => {
+                    self.next = Some(message);
+                    break Poll::Pending;
+                }
+            }
+        };
+        self.outbox.flush();
+        if outcome.is_ready() {
+            self.done = true;
+        }
+        outcome
+    }
+}
+
+/// What a client stream's handle does on drop, and how it turns the
+/// completion queue itself (see `Channel`).
+pub(crate) trait CallOwner: Send + Sync {
+    /// The handle let go of the call: cancel it if it is still live.
+    fn release(&self, call_id: CallId);
+    /// Handles completions on this thread if nobody else is; true if it did.
+    fn progress(&self) -> bool;
+}
+
+/// The incoming messages of a stream: a [`futures_core::Stream`] of
+/// `Result<T, Status>`, and a blocking [`Iterator`] of the same.
+///
+/// On a client, it ends with `None` when the server finished the call with
+/// success, or yields the call's error status last; dropping it before
+/// then cancels the call (the server's handler sees it). On a server, it
+/// ends when the client has sent its last message, and yields `Cancelled`
+/// or `Unavailable` if the client gives up or goes away.
+///
+/// ```no_run
+/// # async fn f(mut features: rpc_core::Streaming<u64>) -> Result<(), rpc_core::Status> {
+/// while let Some(feature) = features.message().await? {
+///     println!("{feature}");
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Streaming<T> {
+    core: Arc<StreamCore>,
+    link: Arc<dyn Link>,
+    call_id: CallId,
+    /// The client's call, released on drop.
+    owner: Option<Arc<dyn CallOwner>>,
+    /// The request stream of a bidirectional call, driven while this is polled.
+    pump: Option<Box<dyn Pump>>,
+    /// The stream ended (cleanly or with its error).
+    finished: bool,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for Streaming<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Streaming")
+            .field("call_id", &self.call_id.0)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> Streaming<T> {
+    pub(crate) fn new(
+        core: Arc<StreamCore>,
+        link: Arc<dyn Link>,
+        call_id: CallId,
+        owner: Option<Arc<dyn CallOwner>>,
+        pump: Option<Box<dyn Pump>>,
+    ) -> Streaming<T> {
+        Streaming {
+            core,
+            link,
+            call_id,
+            owner,
+            pump,
+            finished: false,
+            _t: PhantomData,
+        }
+    }
+
+    /// A stream that yields `status` and ends (a call that could not start).
+    pub(crate) fn failed(status: Status) -> Streaming<T> {
+        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW);
+        core.fail(status);
+        Streaming::new(core, Arc::new(NoLink), CallId(0), None, None)
+    }
+
+    /// The server's initial metadata, once its first message (or its
+    /// final status) arrived.
+    pub fn metadata(&self) -> Option<Metadata> {
+        self.core.metadata().0
+    }
+
+    /// The server's trailing metadata, once the stream ended.
+    pub fn trailers(&self) -> Option<Metadata> {
+        self.core.metadata().1
+    }
+
+    /// Polls for the next raw message, driving the request pump first.
+    fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Vec<u8>, Status>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        if let Some(pump) = &mut self.pump {
+            if pump.poll_pump(cx).is_ready() {
+                self.pump = None;
+            }
+        }
+        let mut polled_queue = false;
+        loop {
+            match self.core.poll_recv(cx) {
+                Poll::Ready(Some(Ok(Received { message, grant }))) => {
+                    if let Some(grant) = grant {
+                        // A failed grant means the call is over; its
+                        // status arrives through the core.
+                        let _ = send_control(&*self.link, FrameKind::Window, self.call_id, grant);
+                    }
+                    return Poll::Ready(Some(Ok(message)));
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    self.finish();
+                    return Poll::Ready(Some(Err(status)));
+                }
+                Poll::Ready(None) => {
+                    self.finish();
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    // Nothing yet: handle completions on this thread once if
+                    // nobody else is (saves a wake-up from the dispatcher).
+                    if polled_queue || !self.owner.as_ref().is_some_and(|o| o.progress()) {
+                        return Poll::Pending;
+                    }
+                    polled_queue = true;
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        self.pump = None;
+        if let Some(owner) = self.owner.take() {
+            owner.release(self.call_id);
+        }
+    }
+}
+
+impl<T: prost::Message + Default> Streaming<T> {
+    fn decode(&self, buf: Vec<u8>) -> Result<T, Status> {
+        let decoded = T::decode(&buf[..]);
+        self.link.recycle(buf);
+        decoded.map_err(|e| {
+            Status::internal(format!(
+                "stream message is not a valid {}: {e}",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    /// The next message: `Ok(None)` at the end of the stream.
+    pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx))
+            .await
+            .transpose()
+    }
+
+    /// Like [`Streaming::message`], blocking the current thread.
+    pub fn blocking_message(&mut self) -> Result<Option<T>, Status> {
+        crate::executor::wait_on(self.message())
+    }
+}
+
+impl<T: prost::Message + Default> Stream for Streaming<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match this.poll_raw(cx) {
+            Poll::Ready(Some(Ok(buf))) => Poll::Ready(Some(this.decode(buf))),
+            Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: prost::Message + Default> Iterator for Streaming<T> {
+    type Item = Result<T, Status>;
+
+    /// Blocks the current thread until the next message (or the end).
+    fn next(&mut self) -> Option<Self::Item> {
+        self.blocking_message().transpose()
+    }
+}
+
+impl<T> Drop for Streaming<T> {
+    fn drop(&mut self) {
+        self.pump = None;
+        if let Some(owner) = self.owner.take() {
+            owner.release(self.call_id);
+        }
+    }
+}
+
+// The pump is only ever polled through `&mut self`.
+impl<T> Unpin for Streaming<T> {}
+
+// The response is only moved, never pinned.
+impl<T> Unpin for ClientStreamingCall<T> {}
+
+/// Sends the messages of a client-streaming or bidirectional call one at a
+/// time: [`RequestSender::send`] blocks while the stream's window is full,
+/// [`RequestSender::send_async`] waits for it. Closing it (or dropping it)
+/// tells the server the request stream is complete.
+pub struct RequestSender<T> {
+    outbox: Outbox,
+    closed: bool,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T> fmt::Debug for RequestSender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestSender")
+            .field("call_id", &self.outbox.call_id.0)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+impl<T: prost::Message> RequestSender<T> {
+    pub(crate) fn new(outbox: Outbox) -> RequestSender<T> {
+        RequestSender {
+            outbox,
+            closed: false,
+            _t: PhantomData,
+        }
+    }
+
+    /// Sends `message`, waiting while the stream's window is full. Fails
+    /// once the call is over (the server finished it, it was cancelled, or
+    /// the connection failed): the call's outcome says how.
+    pub async fn send_async(&mut self, message: T) -> Result<(), Status> {
+        if self.closed {
+            return Err(Status::failed_precondition("the request stream is closed"));
+        }
+        let sent = std::future::poll_fn(|cx| self.outbox.poll_send(cx, &message)).await;
+        self.outbox.flush();
+        sent
+    }
+
+    /// Like [`RequestSender::send_async`], blocking the current thread.
+    pub fn send(&mut self, message: T) -> Result<(), Status> {
+        crate::executor::wait_on(self.send_async(message))
+    }
+
+    /// Tells the server the request stream is complete.
+    pub fn close(mut self) -> Result<(), Status> {
+        self.closed = true;
+        self.outbox.half_close()
+    }
+}
+
+impl<T> Drop for RequestSender<T> {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            let _ = self.outbox.half_close();
+        }
+    }
+}
+
+/// A client-streaming call in flight: `.await` it, or block on it with
+/// [`ClientStreamingCall::wait`]. Its request stream is sent while it is
+/// polled; dropping it unfinished cancels the call.
+#[must_use = "a call does nothing useful unless awaited or waited on"]
+pub struct ClientStreamingCall<T> {
+    stream: Streaming<T>,
+    response: Option<T>,
+}
+
+impl<T> fmt::Debug for ClientStreamingCall<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientStreamingCall")
+            .field("call_id", &self.stream.call_id.0)
+            .finish()
+    }
+}
+
+impl<T> ClientStreamingCall<T> {
+    pub(crate) fn new(stream: Streaming<T>) -> ClientStreamingCall<T> {
+        ClientStreamingCall {
+            stream,
+            response: None,
+        }
+    }
+}
+
+impl<T: prost::Message + Default> ClientStreamingCall<T> {
+    /// Blocks the current thread until the response arrives.
+    pub fn wait(self) -> Result<Response<T>, Status> {
+        crate::executor::wait_on(self)
+    }
+}
+
+impl<T: prost::Message + Default> Future for ClientStreamingCall<T> {
+    type Output = Result<Response<T>, Status>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match Pin::new(&mut this.stream).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(status))) => return Poll::Ready(Err(status)),
+                Poll::Ready(Some(Ok(message))) => {
+                    if this.response.replace(message).is_some() {
+                        return Poll::Ready(Err(Status::internal(
+                            "the server sent more than one response to a client-streaming call",
+                        )));
+                    }
+                }
+                Poll::Ready(None) => {
+                    let metadata = this.stream.trailers().unwrap_or_default();
+                    return Poll::Ready(match this.response.take() {
+                        Some(message) => Ok(Response::from_parts(metadata, message)),
+                        None => Err(Status::internal(
+                            "the server finished a client-streaming call without a response",
+                        )),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Converts a stream of messages, or a [`Request`] wrapping one, into the
+/// request of a client-streaming or bidirectional call; generated client
+/// methods take `impl IntoStreamingRequest<Message = M>`.
+pub trait IntoStreamingRequest {
+    /// The stream.
+    type Stream: Stream<Item = Self::Message> + Send + 'static;
+    /// The messages it yields.
+    type Message: prost::Message + Send;
+    /// Does the conversion.
+    fn into_streaming_request(self) -> Request<Self::Stream>;
+}
+
+impl<S> IntoStreamingRequest for S
+where
+    S: Stream + Send + 'static,
+    S::Item: prost::Message + Send,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
+        Request::new(self)
+    }
+}
+
+impl<S> IntoStreamingRequest for Request<S>
+where
+    S: Stream + Send + 'static,
+    S::Item: prost::Message + Send,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
+        self
+    }
+}
