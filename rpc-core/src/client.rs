@@ -10,8 +10,8 @@ use crate::streaming::{
     CallOwner, ClientStreamingCall, Link, Outbox, Pump, RequestPump, RequestSender, StreamCore,
     Streaming, send_control,
 };
-use futures_core::Stream;
 use crate::{Code, Metadata, Request, Response, Status};
+use futures_core::Stream;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;

@@ -85,6 +85,10 @@ pub use status::{Code, Status};
 pub use streaming::{
     BoxStream, ClientStreamingCall, IntoStreamingRequest, RequestSender, Streaming,
 };
+/// The blocking iterators of [`Streaming`].
+pub mod streams {
+    pub use crate::streaming::{IntoIter, IterMut};
+}
 
 /// Includes the code `rpc_codegen` generated for a protobuf package.
 ///

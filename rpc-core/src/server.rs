@@ -502,16 +502,16 @@ async fn run_handler<T, Fut: Future<Output = T>>(
     mut on_wait: impl FnMut(),
 ) -> Result<T, Box<dyn std::any::Any + Send>> {
     let mut future = std::pin::pin!(future);
-    std::future::poll_fn(|cx| {
-        match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+    std::future::poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
             Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
             Ok(std::task::Poll::Pending) => {
                 on_wait();
                 std::task::Poll::Pending
             }
             Err(panic) => std::task::Poll::Ready(Err(panic)),
-        }
-    })
+        },
+    )
     .await
 }
 
@@ -987,10 +987,16 @@ impl ServerRole {
                     return;
                 }
             },
-            (Registered::Stream(core), FrameKind::HalfClose) => core.on_end(Ok(()), None, None, false),
+            (Registered::Stream(core), FrameKind::HalfClose) => {
+                core.on_end(Ok(()), None, None, false)
+            }
             (Registered::Stream(core), FrameKind::Window) => core.on_grant(h.timeout_us),
             (Registered::Unary(_), kind) => {
-                tracing::warn!(qp_num = conn.qp_num, ?kind, "closing connection: stream frame for a unary call");
+                tracing::warn!(
+                    qp_num = conn.qp_num,
+                    ?kind,
+                    "closing connection: stream frame for a unary call"
+                );
                 ep.close(conn, "client sent a stream frame for a unary call");
                 return;
             }

@@ -573,7 +573,8 @@ pub(crate) trait CallOwner: Send + Sync {
 }
 
 /// The incoming messages of a stream: a [`futures_core::Stream`] of
-/// `Result<T, Status>`, and a blocking [`Iterator`] of the same.
+/// `Result<T, Status>`, and, through [`IntoIterator`], a blocking iterator
+/// of the same (`for m in stream`, or `for m in &mut stream`).
 ///
 /// On a client, it ends with `None` when the server finished the call with
 /// success, or yields the call's error status last; dropping it before
@@ -736,12 +737,48 @@ impl<T: prost::Message + Default> Stream for Streaming<T> {
     }
 }
 
-impl<T: prost::Message + Default> Iterator for Streaming<T> {
+/// A [`Streaming`] as a blocking iterator: each `next` blocks the current
+/// thread until the next message (or the end). `for m in stream { .. }`.
+#[derive(Debug)]
+pub struct IntoIter<T>(Streaming<T>);
+
+impl<T: prost::Message + Default> Iterator for IntoIter<T> {
     type Item = Result<T, Status>;
 
-    /// Blocks the current thread until the next message (or the end).
     fn next(&mut self) -> Option<Self::Item> {
-        self.blocking_message().transpose()
+        self.0.blocking_message().transpose()
+    }
+}
+
+impl<T: prost::Message + Default> IntoIterator for Streaming<T> {
+    type Item = Result<T, Status>;
+    type IntoIter = IntoIter<T>;
+
+    /// Iterates, blocking, over the messages left.
+    fn into_iter(self) -> IntoIter<T> {
+        IntoIter(self)
+    }
+}
+
+/// A borrowed [`Streaming`] as a blocking iterator: `for m in &mut stream`
+/// reads messages and leaves the stream usable (for its metadata) after.
+#[derive(Debug)]
+pub struct IterMut<'a, T>(&'a mut Streaming<T>);
+
+impl<T: prost::Message + Default> Iterator for IterMut<'_, T> {
+    type Item = Result<T, Status>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.blocking_message().transpose()
+    }
+}
+
+impl<'a, T: prost::Message + Default> IntoIterator for &'a mut Streaming<T> {
+    type Item = Result<T, Status>;
+    type IntoIter = IterMut<'a, T>;
+
+    fn into_iter(self) -> IterMut<'a, T> {
+        IterMut(self)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The runtime with a hand-written service (no code generation): the
 //! contract generated code relies on, checked end to end on mem:// and tcp://.
 
-use rpc_core::codegen::{MethodDescriptor, ServiceDescriptor, method_id, unary};
+use rpc_core::codegen::{MethodDescriptor, MethodKind, ServiceDescriptor, method_id, unary};
 use rpc_core::{Channel, Code, Request, Response, Server, ServerCall, Service, Status};
 use std::time::Duration;
 
@@ -169,4 +169,27 @@ fn tcp() {
 fn rdma_() {
     let host = std::env::var("RXE_IP").unwrap_or_else(|_| "127.0.0.1".into());
     check(&format!("rdma://{host}:0"));
+}
+
+/// A dispatcher asleep before its first tcp:// connection sleeps on a
+/// condition variable, blind to sockets: registering the first socket must
+/// wake it, or the first request waits out the sleep (a second).
+#[test]
+fn the_first_tcp_call_is_not_held_up_by_a_sleeping_dispatcher() {
+    let server = Server::builder()
+        .add_service(Echo)
+        .serve("tcp://127.0.0.1:0")
+        .unwrap();
+    // Let every dispatcher fall asleep.
+    std::thread::sleep(Duration::from_millis(50));
+    let ch = Channel::connect(server.local_url()).unwrap();
+    let started = std::time::Instant::now();
+    unary::<_, Blob>(&ch, ECHO, Request::new(Blob::default()))
+        .wait()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "first call took {took:?}"
+    );
 }

@@ -118,6 +118,14 @@ impl CqInner {
         let io = tcp::TcpIo::new()?;
         // A racing thread may have set it first: either one serves.
         let _ = self.io.set(io);
+        // A poller asleep on the condition variable cannot see sockets:
+        // wake it, so that it sleeps in the socket poller from now on (it
+        // checks for one under the same lock before sleeping).
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(st.sleeping, Sleep::Cond) {
+            self.cond.notify_all();
+        }
+        drop(st);
         Ok(self.io.get().expect("just set"))
     }
 }

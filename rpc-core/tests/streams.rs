@@ -1,0 +1,486 @@
+//! Streams over mem:// and tcp://, through a hand-written service: every
+//! kind of rpc, flow control, cancellation, deadlines and final statuses.
+
+use futures::StreamExt;
+use rpc_core::codegen::{
+    MethodDescriptor, MethodKind, ServiceDescriptor, client_streaming, client_streaming_sender,
+    method_id, server_streaming, streaming, streaming_sender, unary,
+};
+use rpc_core::{
+    BoxStream, Channel, Code, Metadata, Request, Response, Server, ServerCall, ServerHandle,
+    Service, Status,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Item {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    data: Vec<u8>,
+}
+
+fn item(seq: u64) -> Item {
+    Item { seq, data: vec![] }
+}
+
+macro_rules! method {
+    ($name:literal, $kind:ident) => {
+        MethodDescriptor {
+            name: $name,
+            path: concat!("/hand.Feed/", $name),
+            id: method_id(concat!("/hand.Feed/", $name)),
+            kind: MethodKind::$kind,
+        }
+    };
+}
+
+static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor {
+    name: "hand.Feed",
+    methods: &[
+        method!("Count", ServerStreaming),
+        method!("Endless", ServerStreaming),
+        method!("Sum", ClientStreaming),
+        method!("Echo", Streaming),
+        method!("Ping", Unary),
+        method!("WaitCancel", Unary),
+        method!("Fail", ServerStreaming),
+        method!("Budget", Unary),
+        method!("Relay", Unary),
+    ],
+};
+const COUNT: &MethodDescriptor = &DESCRIPTOR.methods[0];
+const ENDLESS: &MethodDescriptor = &DESCRIPTOR.methods[1];
+const SUM: &MethodDescriptor = &DESCRIPTOR.methods[2];
+const ECHO: &MethodDescriptor = &DESCRIPTOR.methods[3];
+const PING: &MethodDescriptor = &DESCRIPTOR.methods[4];
+const WAIT_CANCEL: &MethodDescriptor = &DESCRIPTOR.methods[5];
+const FAIL: &MethodDescriptor = &DESCRIPTOR.methods[6];
+const BUDGET: &MethodDescriptor = &DESCRIPTOR.methods[7];
+const RELAY: &MethodDescriptor = &DESCRIPTOR.methods[8];
+
+/// What the handlers report to the tests.
+#[derive(Default)]
+struct Probe {
+    /// Messages the endless stream produced.
+    produced: AtomicU64,
+    /// When the endless stream was dropped.
+    stream_dropped: Mutex<Option<Instant>>,
+    /// When a waiting unary handler heard of its cancellation.
+    cancel_seen: Mutex<Option<Instant>>,
+    /// A channel back to the server itself, for the relay.
+    channel: OnceLock<Channel>,
+}
+
+#[derive(Clone)]
+struct Feed(Arc<Probe>);
+
+/// Records when the stream holding it is dropped.
+struct DropGuard(Arc<Probe>);
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        *self.0.stream_dropped.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+impl Service for Feed {
+    fn descriptor(&self) -> &'static ServiceDescriptor {
+        &DESCRIPTOR
+    }
+
+    fn call(&self, call: ServerCall) {
+        let probe = self.0.clone();
+        match call.method_id() {
+            id if id == COUNT.id => call.server_streaming(|r: Request<Item>| async move {
+                let (n, size) = (r.get_ref().seq, r.get_ref().data.len());
+                let s = futures::stream::iter(0..n).map(move |seq| {
+                    Ok(Item {
+                        seq,
+                        data: vec![seq as u8; size],
+                    })
+                });
+                let mut resp = Response::new(s);
+                resp.metadata_mut().insert("kind", "count").unwrap();
+                Ok(resp)
+            }),
+            id if id == ENDLESS.id => call.server_streaming(move |_: Request<Item>| async move {
+                let guard = DropGuard(probe.clone());
+                let s = futures::stream::unfold((0u64, guard), |(seq, guard)| async move {
+                    guard.0.produced.fetch_add(1, Ordering::Relaxed);
+                    Some((Ok(item(seq)), (seq + 1, guard)))
+                });
+                Ok(Response::new(Box::pin(s) as BoxStream<Item>))
+            }),
+            id if id == SUM.id => {
+                call.client_streaming(|r: Request<rpc_core::Streaming<Item>>| async move {
+                    let mut stream = r.into_inner();
+                    let (mut count, mut sum) = (0, 0);
+                    while let Some(item) = stream.message().await? {
+                        count += 1;
+                        sum += item.seq;
+                    }
+                    Ok(Response::new(Item {
+                        seq: sum,
+                        data: vec![count as u8],
+                    }))
+                })
+            }
+            id if id == ECHO.id => {
+                call.streaming(|r: Request<rpc_core::Streaming<Item>>| async move {
+                    let echoed = r.into_inner().map(|m| {
+                        m.map(|i| Item {
+                            seq: i.seq * 2,
+                            ..i
+                        })
+                    });
+                    Ok(Response::new(echoed))
+                })
+            }
+            id if id == PING.id => call
+                .unary_async(|r: Request<Item>| async move { Ok(Response::new(r.into_inner())) }),
+            id if id == WAIT_CANCEL.id => call.unary_async(move |r: Request<Item>| async move {
+                r.cancelled().await;
+                *probe.cancel_seen.lock().unwrap() = Some(Instant::now());
+                Err::<Response<Item>, _>(Status::cancelled("seen"))
+            }),
+            id if id == FAIL.id => call.server_streaming(|_: Request<Item>| async move {
+                let mut trailers = Metadata::new();
+                trailers.insert("why", "three is enough").unwrap();
+                let s = futures::stream::iter(0..4u64).map(move |seq| {
+                    if seq < 3 {
+                        Ok(item(seq))
+                    } else {
+                        Err(Status::out_of_range("no more").with_metadata(trailers.clone()))
+                    }
+                });
+                Ok(Response::new(s))
+            }),
+            id if id == BUDGET.id => call.unary_async(|r: Request<Item>| async move {
+                let left = r.deadline().map_or(0, |d| {
+                    d.saturating_duration_since(Instant::now()).as_micros()
+                });
+                Ok(Response::new(item(left as u64)))
+            }),
+            id if id == RELAY.id => call.unary_async(move |r: Request<Item>| async move {
+                let channel = probe.channel.get().expect("set at start").clone();
+                // The child call carries what remains of this call's budget.
+                let child = r.child(item(0));
+                unary::<_, Item>(&channel, BUDGET, child).await
+            }),
+            _ => call.unimplemented(),
+        }
+    }
+}
+
+fn start(url: &str) -> (ServerHandle, Channel, Arc<Probe>) {
+    let probe = Arc::new(Probe::default());
+    let server = Server::builder()
+        .add_service(Feed(probe.clone()))
+        .serve(url)
+        .unwrap();
+    let channel = Channel::connect(server.local_url()).unwrap();
+    let _ = probe
+        .channel
+        .set(Channel::connect(server.local_url()).unwrap());
+    (server, channel, probe)
+}
+
+fn urls(name: &str) -> [String; 2] {
+    [format!("mem://streams-{name}"), "tcp://127.0.0.1:0".into()]
+}
+
+fn count(ch: &Channel, n: u64, size: usize) -> rpc_core::Streaming<Item> {
+    server_streaming::<_, Item>(
+        ch,
+        COUNT,
+        Request::new(Item {
+            seq: n,
+            data: vec![0; size],
+        }),
+    )
+}
+
+#[test]
+fn server_streams_arrive_complete_and_in_order() {
+    for url in urls("order") {
+        let (_server, ch, _) = start(&url);
+        // Blocking iterator.
+        let mut stream = count(&ch, 20_000, 100);
+        let mut next = 0;
+        for m in &mut stream {
+            let m = m.unwrap();
+            assert_eq!(m.seq, next, "{url}");
+            assert_eq!(m.data, vec![next as u8; 100]);
+            next += 1;
+        }
+        assert_eq!(next, 20_000, "{url}");
+        assert_eq!(stream.metadata().unwrap().get("kind"), Some("count"));
+        // Async, with messages larger than half the window.
+        let stream = count(&ch, 20, 200_000);
+        let got: Vec<_> =
+            futures::executor::block_on(stream.map(|m| m.unwrap().seq).collect::<Vec<_>>());
+        assert_eq!(got, (0..20).collect::<Vec<_>>(), "{url}");
+        // An empty stream still carries the initial metadata, with its end.
+        let mut stream = count(&ch, 0, 0);
+        assert!(stream.blocking_message().unwrap().is_none());
+        assert_eq!(stream.metadata().unwrap().get("kind"), Some("count"));
+    }
+}
+
+#[test]
+fn a_million_messages_arrive_in_order() {
+    let (_server, ch, _) = start("mem://streams-million");
+    let mut expected = 0u64;
+    for m in count(&ch, 1_000_000, 8) {
+        let m = m.unwrap();
+        assert_eq!(m.seq, expected);
+        expected += 1;
+    }
+    assert_eq!(expected, 1_000_000);
+}
+
+#[test]
+fn client_streams_and_bidi_streams_both_ways() {
+    for url in urls("both") {
+        let (_server, ch, _) = start(&url);
+        // From a stream.
+        let requests = futures::stream::iter((1..=1000).map(item));
+        let reply = client_streaming::<_, Item>(&ch, SUM, Request::new(requests))
+            .wait()
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.seq, 500_500, "{url}");
+        assert_eq!(reply.data, vec![(1000 % 256) as u8]);
+        // Through a sender, awaited.
+        let (mut tx, call) = client_streaming_sender::<Item, Item>(&ch, SUM, Request::new(()));
+        for seq in 0..10_000 {
+            tx.send(item(seq)).unwrap();
+        }
+        tx.close().unwrap();
+        let reply = futures::executor::block_on(call).unwrap().into_inner();
+        assert_eq!(reply.seq, (0..10_000).sum::<u64>(), "{url}");
+
+        // Bidi from a stream, many windows' worth.
+        let requests = futures::stream::iter((0..50_000).map(item));
+        let echoed: Vec<u64> = streaming::<_, Item>(&ch, ECHO, Request::new(requests))
+            .map(|m| m.unwrap().seq)
+            .collect::<Vec<_>>()
+            .wait_blocking();
+        assert_eq!(
+            echoed,
+            (0..50_000).map(|s| s * 2).collect::<Vec<_>>(),
+            "{url}"
+        );
+        // Bidi through a sender, one message at a time, in lockstep.
+        let (mut tx, mut rx) = streaming_sender::<Item, Item>(&ch, ECHO, Request::new(()));
+        for seq in 0..1000 {
+            tx.send(item(seq)).unwrap();
+            assert_eq!(rx.blocking_message().unwrap().unwrap().seq, seq * 2);
+        }
+        drop(tx); // half-closes
+        assert!(rx.blocking_message().unwrap().is_none(), "{url}");
+    }
+}
+
+/// Runs a future to completion on this thread.
+trait WaitBlocking: std::future::Future + Sized {
+    fn wait_blocking(self) -> Self::Output {
+        futures::executor::block_on(self)
+    }
+}
+impl<F: std::future::Future> WaitBlocking for F {}
+
+#[test]
+fn a_stream_ends_with_its_error_status_and_trailers() {
+    for url in urls("fail") {
+        let (_server, ch, _) = start(&url);
+        let mut stream = server_streaming::<_, Item>(&ch, FAIL, Request::new(item(0)));
+        for seq in 0..3 {
+            assert_eq!(stream.blocking_message().unwrap().unwrap().seq, seq);
+        }
+        let e = stream.blocking_message().unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange, "{url}: {e}");
+        assert_eq!(
+            e.metadata().and_then(|m| m.get("why")),
+            Some("three is enough")
+        );
+        assert!(stream.blocking_message().unwrap().is_none());
+        // An unknown streaming method fails the stream, not the channel.
+        static NOPE: MethodDescriptor = MethodDescriptor {
+            name: "Nope",
+            path: "/hand.Feed/Nope",
+            id: 0xdead_beef,
+            kind: MethodKind::ServerStreaming,
+        };
+        let e = server_streaming::<_, Item>(&ch, &NOPE, Request::new(item(0)))
+            .blocking_message()
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented);
+        let ping = unary::<_, Item>(&ch, PING, Request::new(item(7))).wait();
+        assert_eq!(ping.unwrap().into_inner().seq, 7);
+    }
+}
+
+/// Waits up to `limit` for `f` to return `Some`.
+fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+#[test]
+fn a_consumer_that_stops_reading_stalls_only_its_own_producer() {
+    for url in urls("slow") {
+        let (_server, ch, probe) = start(&url);
+        let mut stalled = server_streaming::<_, Item>(&ch, ENDLESS, Request::new(item(0)));
+        assert_eq!(stalled.blocking_message().unwrap().unwrap().seq, 0);
+        // The producer runs until the window is full, then stops.
+        std::thread::sleep(Duration::from_millis(200));
+        let produced = probe.produced.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            probe.produced.load(Ordering::Relaxed),
+            produced,
+            "{url}: the producer kept going"
+        );
+        // One window (256 KiB) of 64-byte messages, and what sits in the
+        // producer's hands.
+        assert!(produced <= 4096 + 70, "{url}: {produced} produced");
+        // Meanwhile the connection serves everyone else.
+        for seq in 0..200 {
+            let r = unary::<_, Item>(&ch, PING, Request::new(item(seq))).wait();
+            assert_eq!(r.unwrap().into_inner().seq, seq, "{url}");
+        }
+        let other = count(&ch, 50_000, 16).into_iter().count();
+        assert_eq!(other, 50_000, "{url}");
+        // Reading again resumes the stalled stream where it stopped.
+        for seq in 1..10_000 {
+            assert_eq!(stalled.blocking_message().unwrap().unwrap().seq, seq);
+        }
+    }
+}
+
+#[test]
+fn cancelling_a_stream_ends_the_handlers_stream_within_10ms() {
+    for url in urls("cancel") {
+        let (_server, ch, probe) = start(&url);
+        // The best of three: a busy machine may deschedule any one run.
+        let mut best = Duration::MAX;
+        for _ in 0..3 {
+            *probe.stream_dropped.lock().unwrap() = None;
+            let mut stream = server_streaming::<_, Item>(&ch, ENDLESS, Request::new(item(0)));
+            for _ in 0..100 {
+                stream.blocking_message().unwrap().unwrap();
+            }
+            let cancelled = Instant::now();
+            drop(stream);
+            let dropped = wait_for(Duration::from_secs(5), || {
+                *probe.stream_dropped.lock().unwrap()
+            })
+            .unwrap_or_else(|| panic!("{url}: the handler's stream was never dropped"));
+            best = best.min(dropped.saturating_duration_since(cancelled));
+        }
+        assert!(best <= Duration::from_millis(10), "{url}: {best:?}");
+    }
+}
+
+#[test]
+fn unary_handlers_see_their_cancellation() {
+    for url in urls("unary-cancel") {
+        let (_server, ch, probe) = start(&url);
+        let mut req = Request::new(item(0));
+        req.set_timeout(Duration::from_millis(50));
+        let e = unary::<_, Item>(&ch, WAIT_CANCEL, req).wait().unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{url}");
+        let seen = wait_for(Duration::from_secs(5), || {
+            *probe.cancel_seen.lock().unwrap()
+        });
+        assert!(seen.is_some(), "{url}: the handler never heard");
+        // A dropped call is a cancel too.
+        *probe.cancel_seen.lock().unwrap() = None;
+        let call = unary::<_, Item>(&ch, WAIT_CANCEL, Request::new(item(0)));
+        let call = futures::FutureExt::boxed(call);
+        let mut call = call;
+        // Poll it once so that its request leaves, then drop it.
+        let waker = futures::task::noop_waker();
+        let _ = call
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker));
+        std::thread::sleep(Duration::from_millis(20));
+        drop(call);
+        let seen = wait_for(Duration::from_secs(5), || {
+            *probe.cancel_seen.lock().unwrap()
+        });
+        assert!(seen.is_some(), "{url}: a dropped call was not cancelled");
+    }
+}
+
+#[test]
+fn a_child_call_inherits_the_remaining_deadline() {
+    for url in urls("deadline") {
+        let (_server, ch, _) = start(&url);
+        let mut req = Request::new(item(0));
+        req.set_timeout(Duration::from_millis(800));
+
+        let left = unary::<_, Item>(&ch, RELAY, req)
+            .wait()
+            .unwrap()
+            .into_inner()
+            .seq;
+        assert!(left > 0 && left <= 800_000, "{url}: {left} µs left");
+        // Without a deadline, the child has none.
+        let left = unary::<_, Item>(&ch, RELAY, Request::new(item(0)))
+            .wait()
+            .unwrap()
+            .into_inner()
+            .seq;
+        assert_eq!(left, 0, "{url}");
+        // A deadline set directly counts down the same way.
+        let mut req = Request::new(item(0));
+        req.set_deadline(Instant::now() + Duration::from_millis(300));
+        let left = unary::<_, Item>(&ch, BUDGET, req)
+            .wait()
+            .unwrap()
+            .into_inner()
+            .seq;
+        assert!(left > 0 && left <= 300_000, "{url}: {left} µs left");
+    }
+}
+
+#[test]
+fn a_stream_deadline_fails_it_and_cancels_the_handler() {
+    for url in urls("stream-deadline") {
+        let (_server, ch, probe) = start(&url);
+        let mut req = Request::new(item(0));
+        req.set_timeout(Duration::from_millis(100));
+        let mut stream = server_streaming::<_, Item>(&ch, ENDLESS, req);
+        let mut n = 0;
+        let e = loop {
+            match stream.blocking_message() {
+                Ok(Some(_)) => n += 1,
+                Ok(None) => panic!("{url}: an endless stream ended"),
+                Err(e) => break e,
+            }
+            // Read slowly, so the deadline comes first.
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{url} after {n}");
+        let dropped = wait_for(Duration::from_secs(5), || {
+            *probe.stream_dropped.lock().unwrap()
+        });
+        assert!(
+            dropped.is_some(),
+            "{url}: the handler's stream outlived the deadline"
+        );
+    }
+}
