@@ -53,6 +53,7 @@ mod descriptor;
 mod dispatch;
 mod executor;
 pub mod fabric;
+pub mod health;
 mod idmap;
 mod metadata;
 #[cfg(feature = "testing")]

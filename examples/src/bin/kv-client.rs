@@ -6,11 +6,13 @@
 //! kv-client --connect tcp://127.0.0.1:7471 delete KEY
 //! kv-client --connect tcp://127.0.0.1:7471 scan PREFIX
 //! kv-client --connect tcp://127.0.0.1:7471 bench --calls 20000 --concurrency 8
+//! kv-client --connect tcp://127.0.0.1:7471 health kv.Kv
 //! ```
 
 use examples::kv::kv_client::KvClient;
 use examples::kv::{DeleteRequest, GetRequest, PutRequest, ScanRequest};
 use examples::workload;
+use rpc_core::health::{HealthClient, ServingStatus};
 use rpc_core::{Channel, Status};
 use std::time::Duration;
 
@@ -20,7 +22,8 @@ commands:
   get KEY                       (exit status 1 when the key is absent)
   delete KEY
   scan PREFIX
-  bench [--calls N] [--concurrency C]";
+  bench [--calls N] [--concurrency C]
+  health [SERVICE]              (grpc.health.v1 Check; exit status 1 unless SERVING)";
 
 fn main() {
     examples::init_logging("warn");
@@ -41,7 +44,7 @@ fn main() {
                 status.message()
             ))
         });
-    let client = KvClient::new(channel);
+    let client = KvClient::new(channel.clone());
     let command = args.remove(0);
     let result =
         match (command.as_str(), args.as_slice()) {
@@ -119,6 +122,17 @@ fn main() {
                 } else {
                     Ok(())
                 }
+            }
+            ("health", service) => {
+                let service = service.first().map_or("", String::as_str);
+                HealthClient::new(channel).check(service).wait().map(|r| {
+                    let status = ServingStatus::try_from(r.into_inner().status)
+                        .unwrap_or(ServingStatus::Unknown);
+                    println!("{status:?}");
+                    if status != ServingStatus::Serving {
+                        std::process::exit(1);
+                    }
+                })
             }
             _ => fail(&format!("bad command {command:?} {args:?}\n{USAGE}")),
         };

@@ -1,12 +1,14 @@
-//! Serves the example key-value store.
+//! Serves the example key-value store, and the standard health service
+//! (`grpc.health.v1.Health`) reporting it.
 //!
 //! ```text
 //! kv-server --listen tcp://0.0.0.0:7471
 //! ```
 
-use examples::kv::kv_server::KvServer;
+use examples::kv::kv_server::{self, KvServer};
 use examples::services::KvStore;
 use rpc_core::Server;
+use rpc_core::health::{self, ServingStatus};
 
 const USAGE: &str =
     "usage: kv-server --listen URL   (URL: tcp://host:port, rdma://host:port or mem://name)";
@@ -26,8 +28,10 @@ fn main() {
         }
     }
     let Some(listen) = listen else { fail(USAGE) };
+    let (health, health_service) = health::service();
     let server = match Server::builder()
         .add_service(KvServer::new(KvStore::new()))
+        .add_service(health_service)
         .serve(&listen)
     {
         Ok(s) => s,
@@ -36,6 +40,7 @@ fn main() {
             status.message()
         )),
     };
+    health.set_status(kv_server::DESCRIPTOR.name, ServingStatus::Serving);
     println!("kv-server listening on {}", server.local_url());
     // Serve until killed.
     loop {

@@ -262,7 +262,10 @@ impl<F: Fabric> Conn<F> {
             Reserved::Queue => {
                 let mut bytes = vec![0u8; len];
                 write(&mut bytes, 0);
-                s.proto.queue(bytes);
+                // A request's timeout counts down while it waits here.
+                let expires = (frame.kind == FrameKind::Request && frame.timeout_us > 0)
+                    .then(|| clock_us() + u64::from(frame.timeout_us));
+                s.proto.queue_until(bytes, expires);
                 Ok(false)
             }
         }
@@ -311,6 +314,7 @@ impl<F: Fabric> Conn<F> {
     /// Moves queued frames into the peer's ring while there is room, and
     /// posts them unless writes are held.
     fn flush(&self, s: &mut SendState<F>) {
+        tell_time(&mut s.proto);
         s.proto.flush(copy_into(&s.staging));
         self.post_if_due(s);
     }
@@ -384,6 +388,7 @@ impl<F: Fabric> Conn<F> {
     pub(super) fn after_batch(&self) {
         let mut s = self.send_state();
         let SendState { staging, proto, .. } = &mut *s;
+        tell_time(proto);
         proto.end_batch(copy_into(staging));
         self.post_transmits(&mut s);
     }
@@ -433,6 +438,19 @@ impl<F: Fabric> Conn<F> {
     /// staged until the batch being handled ends.
     pub(crate) fn has_unsent(&self) -> bool {
         self.send_state().proto.has_unsent()
+    }
+}
+
+/// Microseconds on the clock queued frames' deadlines are kept on.
+fn clock_us() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+/// Gives the sender the time, if a queued frame's timeout needs it.
+fn tell_time(proto: &mut Sender) {
+    if proto.has_timed_backlog() {
+        proto.set_clock(clock_us());
     }
 }
 

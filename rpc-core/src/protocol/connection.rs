@@ -91,8 +91,14 @@ pub enum Reserved {
 pub struct Sender {
     ring: SendRing,
     credits: CreditReturn,
-    backlog: VecDeque<Vec<u8>>,
+    /// Frames waiting for ring space, each with when its timeout runs out
+    /// (µs on the I/O layer's clock), if it carries one.
+    backlog: VecDeque<(Vec<u8>, Option<u64>)>,
     backlog_bytes: usize,
+    /// Queued frames that carry a timeout.
+    timed: usize,
+    /// The I/O layer's clock, as of [`Sender::set_clock`].
+    now_us: u64,
     max_backlog: usize,
     /// Writes handed out, and the last one known complete.
     posted: u64,
@@ -137,6 +143,8 @@ impl Sender {
             credits,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
+            timed: 0,
+            now_us: 0,
             max_backlog,
             posted: 0,
             completed: 0,
@@ -241,9 +249,24 @@ impl Sender {
     }
 
     /// Queues a frame [`Sender::reserve`] had no room for, encoded whole.
-    pub fn queue(&mut self, frame: Vec<u8>) {
+    /// A frame whose header's timeout runs out at `expires` (µs on the I/O
+    /// layer's clock) has it rewritten when it leaves to what remains then,
+    /// so the peer does not count the time it waited here as its own.
+    pub fn queue_until(&mut self, frame: Vec<u8>, expires: Option<u64>) {
         self.backlog_bytes += frame.len();
-        self.backlog.push_back(frame);
+        self.timed += usize::from(expires.is_some());
+        self.backlog.push_back((frame, expires));
+    }
+
+    /// Whether queued frames carry timeouts: then the I/O layer tells the
+    /// time ([`Sender::set_clock`]) before flushing.
+    pub fn has_timed_backlog(&self) -> bool {
+        self.timed > 0
+    }
+
+    /// The time now on the clock `queue_until` was given deadlines on.
+    pub fn set_clock(&mut self, now_us: u64) {
+        self.now_us = now_us;
     }
 
     fn push_frame(&mut self, offset: usize, len: usize) {
@@ -327,14 +350,22 @@ impl Sender {
     /// stamped) into the staging area.
     pub fn flush(&mut self, mut write: impl FnMut(usize, &[u8])) {
         while self.dead.is_none() && self.sq_room() {
-            let Some(len) = self.backlog.front().map(Vec::len) else {
+            let Some(len) = self.backlog.front().map(|(f, _)| f.len()) else {
                 break;
             };
             let Ok(Some(slot)) = self.ring.reserve(len) else {
                 break;
             };
-            let mut frame = self.backlog.pop_front().expect("front exists");
+            let (mut frame, expires) = self.backlog.pop_front().expect("front exists");
             self.backlog_bytes -= len;
+            if let Some(expires) = expires {
+                self.timed -= 1;
+                // At least 1 µs: 0 would mean no timeout at all.
+                let left = expires
+                    .saturating_sub(self.now_us)
+                    .clamp(1, u64::from(u32::MAX));
+                Header::set_timeout(&mut frame, left as u32);
+            }
             Header::set_ack(&mut frame, self.credits.take_ack());
             write(slot.offset, &frame);
             self.push_frame(slot.offset, len);
@@ -393,6 +424,7 @@ impl Sender {
         }
         self.backlog.clear();
         self.backlog_bytes = 0;
+        self.timed = 0;
         self.transmits.clear();
         self.batching = false;
         self.corked = false;
@@ -531,7 +563,7 @@ mod tests {
             ))
         );
         assert_eq!(s.reserve(2048, false), Ok(Reserved::Queue));
-        s.queue(frame(2048, 0));
+        s.queue_until(frame(2048, 0), None);
         assert!(s.has_unsent());
         // The peer consumed the first frame.
         s.on_ack(crate::protocol::credits::ack_for(2048)).unwrap();
@@ -541,6 +573,39 @@ mod tests {
         assert_eq!(s.transmits().len(), 1);
         assert_eq!(s.transmits()[0].local, Some((0, 2048)));
         assert!(!s.has_unsent() || !s.transmits().is_empty());
+    }
+
+    #[test]
+    fn a_queued_request_leaves_with_the_timeout_that_remains() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        for _ in 0..2 {
+            let Ok(Reserved::Ring { offset, .. }) = s.reserve(2048, false) else {
+                panic!("fits");
+            };
+            s.sent(offset, 2048, false);
+            s.on_posted(Ok(()));
+        }
+        assert_eq!(s.reserve(64, false), Ok(Reserved::Queue));
+        // Queued at t = 1000 µs with a 500 µs timeout; an untimed one behind it.
+        s.queue_until(frame(64, 0), Some(1500));
+        s.queue_until(frame(64, 0), None);
+        assert!(s.has_timed_backlog());
+        s.on_ack(crate::protocol::credits::ack_for(2048)).unwrap();
+        s.set_clock(1200);
+        let mut timeouts = Vec::new();
+        s.flush(|_, bytes| timeouts.push(Header::decode(bytes).unwrap().timeout_us));
+        assert_eq!(timeouts, vec![300, 0]);
+        assert!(!s.has_timed_backlog());
+        s.on_posted(Ok(()));
+        // One whose time ran out in the queue still says it has a deadline.
+        assert_eq!(s.reserve(2048, false), Ok(Reserved::Queue));
+        s.queue_until(frame(64, 0), Some(1500));
+        s.on_ack(crate::protocol::credits::ack_for(4096 + 128))
+            .unwrap();
+        s.set_clock(9999);
+        let mut timeouts = Vec::new();
+        s.flush(|_, bytes| timeouts.push(Header::decode(bytes).unwrap().timeout_us));
+        assert_eq!(timeouts, vec![1]);
     }
 
     #[test]
@@ -648,7 +713,7 @@ mod tests {
     #[test]
     fn a_dead_sender_refuses_and_drops_its_queue() {
         let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
-        s.queue(frame(64, 0));
+        s.queue_until(frame(64, 0), None);
         s.kill("peer gone");
         assert!(!s.has_unsent());
         assert_eq!(

@@ -27,6 +27,8 @@ pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 32;
 /// Where the ack sits in an encoded header.
 const ACK_AT: usize = 28;
+/// Where the timeout sits in an encoded header.
+const TIMEOUT_AT: usize = 24;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,6 +157,11 @@ impl Header {
     /// Replaces the ack of an encoded frame (`frame` starts with a header).
     pub fn set_ack(frame: &mut [u8], ack: u32) {
         frame[ACK_AT..ACK_AT + 4].copy_from_slice(&ack.to_le_bytes());
+    }
+
+    /// Replaces the timeout of an encoded frame (`frame` starts with a header).
+    pub fn set_timeout(frame: &mut [u8], timeout_us: u32) {
+        frame[TIMEOUT_AT..TIMEOUT_AT + 4].copy_from_slice(&timeout_us.to_le_bytes());
     }
 
     /// Parses untrusted bytes (at least [`HEADER_LEN`]; extra bytes are ignored).

@@ -289,7 +289,7 @@ impl Sim {
             Ok(Reserved::Queue) => {
                 let mut frame = vec![0; len];
                 Self::encode(&self.pattern, seq, 0, &mut frame);
-                self.a.tx.queue(frame);
+                self.a.tx.queue_until(frame, None);
                 self.stats.blocked += 1;
                 if self.stats.liveness_checks < LIVENESS_CHECKS {
                     self.stats.liveness_checks += 1;
@@ -328,7 +328,7 @@ impl Sim {
             Ok(Reserved::Queue) => {
                 let mut frame = vec![seq as u8; len];
                 header(0).encode((&mut frame[..HEADER_LEN]).try_into().unwrap());
-                self.b.tx.queue(frame);
+                self.b.tx.queue_until(frame, None);
             }
             Err(e) => panic!("reply {seq} refused: {e:?}"),
         }
