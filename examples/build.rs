@@ -1,5 +1,6 @@
-//! Generates the Rust code of `../proto`: the example services, the test
-//! packages under `../proto/test`, and `../proto/options` with prost options.
+//! Generates the Rust code of `../proto`: the example services (echo, kv and
+//! gRPC's route guide), the test packages under `../proto/test`, and
+//! `../proto/options` with prost options.
 
 use std::io;
 use std::path::PathBuf;
@@ -7,7 +8,11 @@ use std::path::PathBuf;
 fn main() -> io::Result<()> {
     let proto = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap()).join("../proto");
 
-    let mut protos = vec![proto.join("echo.proto"), proto.join("kv.proto")];
+    let mut protos = vec![
+        proto.join("echo.proto"),
+        proto.join("kv.proto"),
+        proto.join("route_guide.proto"),
+    ];
     let mut tests = Vec::new();
     for entry in std::fs::read_dir(proto.join("test"))? {
         let path = entry?.path();

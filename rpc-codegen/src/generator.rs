@@ -10,7 +10,7 @@
 
 use crate::validate::{id_literal, method_path, service_full_name};
 use heck::{ToSnakeCase, ToUpperCamelCase};
-use prost_build::{Comments, Service};
+use prost_build::{Comments, Method, Service};
 use std::fmt::Write;
 
 const RT: &str = "::rpc_core::codegen";
@@ -103,16 +103,12 @@ fn generate_client(service: &Service, names: &Names, buf: &mut String) {
             }}"
     );
     for (index, method) in service.methods.iter().enumerate() {
+        let kind = Kind::of(method);
         let name = client_method_name(&method.name);
-        if has_docs(&method.comments) {
-            push_docs(&method.comments, buf);
-        } else {
-            let _ = writeln!(
-                buf,
-                "/// Calls the `{}` rpc of `{full}`.",
-                method.proto_name
-            );
-        }
+        let input = nested_type(&method.input_type);
+        let output = nested_type(&method.output_type);
+        let descriptor = format!("&super::{server_mod}::DESCRIPTOR.methods[{index}]");
+        push_client_docs(method, names, buf);
         if name != method.name {
             let _ = writeln!(
                 buf,
@@ -120,15 +116,75 @@ fn generate_client(service: &Service, names: &Names, buf: &mut String) {
                 method.name
             );
         }
+        let sender = sender_method_name(&method.proto_name);
+        if kind.client_streams() {
+            let _ = writeln!(
+                buf,
+                "///\n/// Sends the requests of a stream. The blocking form is\n/// [`Self::{sender}`]."
+            );
+        }
         push_allow(&clippy_allows(&name, false), buf);
-        let _ = writeln!(
-            buf,
-            "pub fn {name}(&self, request: impl {RT}::IntoRequest<{input}>) -> {RT}::UnaryCall<{output}> {{
-                {RT}::unary(&self.inner, &super::{server_mod}::DESCRIPTOR.methods[{index}], request.into_request())
-            }}",
-            input = nested_type(&method.input_type),
-            output = nested_type(&method.output_type),
-        );
+        let _ = match kind {
+            Kind::Unary => writeln!(
+                buf,
+                "pub fn {name}(&self, request: impl {RT}::IntoRequest<{input}>) -> {RT}::UnaryCall<{output}> {{
+                    {RT}::unary(&self.inner, {descriptor}, request.into_request())
+                }}"
+            ),
+            Kind::ServerStreaming => writeln!(
+                buf,
+                "pub fn {name}(&self, request: impl {RT}::IntoRequest<{input}>) -> {RT}::Streaming<{output}> {{
+                    {RT}::server_streaming(&self.inner, {descriptor}, request.into_request())
+                }}"
+            ),
+            Kind::ClientStreaming => writeln!(
+                buf,
+                "pub fn {name}(&self, request: impl {RT}::IntoStreamingRequest<Message = {input}>) -> {RT}::ClientStreamingCall<{output}> {{
+                    {RT}::client_streaming(&self.inner, {descriptor}, request.into_streaming_request())
+                }}"
+            ),
+            Kind::Streaming => writeln!(
+                buf,
+                "pub fn {name}(&self, request: impl {RT}::IntoStreamingRequest<Message = {input}>) -> {RT}::Streaming<{output}> {{
+                    {RT}::streaming(&self.inner, {descriptor}, request.into_streaming_request())
+                }}"
+            ),
+        };
+
+        // The blocking form of a call that streams requests.
+        if kind.client_streams() {
+            push_client_docs(method, names, buf);
+            let link = method_link(&name);
+            let (returned, function, then) = match kind {
+                Kind::ClientStreaming => (
+                    format!("{RT}::ClientStreamingCall<{output}>"),
+                    "client_streaming_sender",
+                    "Then wait for the response with\n/// `ClientStreamingCall::wait`.",
+                ),
+                _ => (
+                    format!("{RT}::Streaming<{output}>"),
+                    "streaming_sender",
+                    "The responses arrive meanwhile on the\n/// returned `Streaming`: iterate over it, or read one at a time with\n/// `Streaming::blocking_message`.",
+                ),
+            };
+            let _ = writeln!(
+                buf,
+                "///
+                /// The blocking form of {link}: send each request with
+                /// `RequestSender::send`, and finish with `RequestSender::close` or by
+                /// dropping the sender. {then}
+                ///
+                /// `request` carries only the call's metadata and options: pass `()`
+                /// for the defaults."
+            );
+            push_allow(&clippy_allows(&sender, false), buf);
+            let _ = writeln!(
+                buf,
+                "pub fn {sender}(&self, request: impl {RT}::IntoRequest<()>) -> ({RT}::RequestSender<{input}>, {returned}) {{
+                    {RT}::{function}(&self.inner, {descriptor}, request.into_request())
+                }}"
+            );
+        }
     }
     buf.push_str("}\n}\n");
 }
@@ -167,6 +223,23 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
         pub trait {service_trait}: ::core::marker::Send + ::core::marker::Sync + 'static {{"
     );
     for method in &service.methods {
+        let kind = Kind::of(method);
+        let input = nested_type(&method.input_type);
+        let output = nested_type(&method.output_type);
+        // A stream of responses has a type of the implementation's choice.
+        let response = if kind.server_streams() {
+            let stream = stream_type_name(&method.proto_name);
+            let _ = writeln!(
+                buf,
+                "/// The stream of responses of `{}`.
+                type {stream}: {RT}::Stream<Item = ::core::result::Result<{output}, {RT}::Status>>
+                    + ::core::marker::Send + 'static;",
+                method.proto_name,
+            );
+            format!("Self::{stream}")
+        } else {
+            output
+        };
         if has_docs(&method.comments) {
             push_docs(&method.comments, buf);
         } else {
@@ -177,13 +250,16 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
             );
         }
         push_allow(&clippy_allows(&method.name, true), buf);
+        let request = if kind.client_streams() {
+            format!("{RT}::Streaming<{input}>")
+        } else {
+            input
+        };
         let _ = writeln!(
             buf,
-            "fn {name}(&self, request: {RT}::Request<{input}>)
-                -> impl ::core::future::Future<Output = ::core::result::Result<{RT}::Response<{output}>, {RT}::Status>> + ::core::marker::Send;",
+            "fn {name}(&self, request: {RT}::Request<{request}>)
+                -> impl ::core::future::Future<Output = ::core::result::Result<{RT}::Response<{response}>, {RT}::Status>> + ::core::marker::Send;",
             name = method.name,
-            input = nested_type(&method.input_type),
-            output = nested_type(&method.output_type),
         );
     }
     buf.push_str("}\n");
@@ -201,9 +277,10 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
         let id = rpc_core::codegen::method_id(&path);
         let _ = writeln!(
             buf,
-            "{RT}::MethodDescriptor {{ name: \"{}\", path: \"{path}\", id: {} }},",
+            "{RT}::MethodDescriptor {{ name: \"{}\", path: \"{path}\", id: {}, kind: {RT}::MethodKind::{} }},",
             method.proto_name,
             id_literal(id),
+            Kind::of(method).variant(),
         );
     }
     buf.push_str("],\n};\n");
@@ -257,15 +334,78 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
                 buf,
                 "{} => {{
                     let inner = ::std::sync::Arc::clone(&self.inner);
-                    call.unary_async(move |request| async move {{ {param}::{}(&inner, request).await }})
+                    call.{}(move |request| async move {{ {param}::{}(&inner, request).await }})
                 }}",
                 id_literal(id),
+                Kind::of(method).server_call(),
                 method.name,
             );
         }
         buf.push_str("_ => call.unimplemented(),\n}\n");
     }
     buf.push_str("}\n}\n}\n");
+}
+
+/// The four kinds of rpc, by which side sends a stream of messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Unary,
+    ServerStreaming,
+    ClientStreaming,
+    /// Bidirectional.
+    Streaming,
+}
+
+impl Kind {
+    fn of(method: &Method) -> Kind {
+        match (method.client_streaming, method.server_streaming) {
+            (false, false) => Kind::Unary,
+            (false, true) => Kind::ServerStreaming,
+            (true, false) => Kind::ClientStreaming,
+            (true, true) => Kind::Streaming,
+        }
+    }
+
+    fn client_streams(self) -> bool {
+        matches!(self, Kind::ClientStreaming | Kind::Streaming)
+    }
+
+    fn server_streams(self) -> bool {
+        matches!(self, Kind::ServerStreaming | Kind::Streaming)
+    }
+
+    /// The variant of `MethodKind` in the runtime.
+    fn variant(self) -> &'static str {
+        match self {
+            Kind::Unary => "Unary",
+            Kind::ServerStreaming => "ServerStreaming",
+            Kind::ClientStreaming => "ClientStreaming",
+            Kind::Streaming => "Streaming",
+        }
+    }
+
+    /// The method of `ServerCall` that runs a handler of this kind.
+    fn server_call(self) -> &'static str {
+        match self {
+            Kind::Unary => "unary_async",
+            Kind::ServerStreaming => "server_streaming",
+            Kind::ClientStreaming => "client_streaming",
+            Kind::Streaming => "streaming",
+        }
+    }
+}
+
+/// The docs of an rpc's client method: its proto comments, or a default.
+fn push_client_docs(method: &Method, names: &Names, buf: &mut String) {
+    if has_docs(&method.comments) {
+        push_docs(&method.comments, buf);
+    } else {
+        let _ = writeln!(
+            buf,
+            "/// Calls the `{}` rpc of `{}`.",
+            method.proto_name, names.full
+        );
+    }
 }
 
 /// The client method for an rpc whose prost name is `name`.
@@ -275,6 +415,30 @@ fn client_method_name(name: &str) -> String {
     } else {
         name.to_owned()
     }
+}
+
+/// A doc link to the client's method `name`, or only its name where rustdoc
+/// cannot resolve it: intra-doc links do not take raw identifiers.
+fn method_link(name: &str) -> String {
+    if name.starts_with("r#") {
+        format!("`{name}`")
+    } else {
+        format!("[`Self::{name}`]")
+    }
+}
+
+/// The blocking client method of a client-streaming or bidirectional rpc
+/// named `proto_name` in the proto: `record_route_sender`. Never a keyword,
+/// nor one of the client's own methods.
+pub(crate) fn sender_method_name(proto_name: &str) -> String {
+    format!("{}_sender", proto_name.to_snake_case())
+}
+
+/// The server trait's associated type for the responses of a
+/// server-streaming or bidirectional rpc named `proto_name` in the proto:
+/// `ListFeaturesStream`. Never a keyword.
+pub(crate) fn stream_type_name(proto_name: &str) -> String {
+    format!("{}Stream", proto_name.to_upper_camel_case())
 }
 
 /// Clippy lints that an rpc's name alone would trip on its method, which

@@ -49,7 +49,29 @@
 //! - `kv_server::KvServer<T>`: wraps an implementation into an
 //!   `rpc_core::Service` for the server.
 //! - `kv_server::DESCRIPTOR`: the service's name and its rpcs with their paths
-//!   (`/kv.Kv/Put`) and stable ids.
+//!   (`/kv.Kv/Put`), stable ids and kinds.
+//!
+//! Streaming rpcs get the same items with streams where the proto says
+//! `stream`, in the shape of tonic's. For gRPC's route guide:
+//!
+//! | rpc | client method | server trait method |
+//! |---|---|---|
+//! | `ListFeatures(Rectangle) returns (stream Feature)` | `list_features(request) -> Streaming<Feature>` | `list_features(&self, Request<Rectangle>) -> Result<Response<Self::ListFeaturesStream>, Status>` |
+//! | `RecordRoute(stream Point) returns (RouteSummary)` | `record_route(stream) -> ClientStreamingCall<RouteSummary>` | `record_route(&self, Request<Streaming<Point>>) -> Result<Response<RouteSummary>, Status>` |
+//! | `RouteChat(stream RouteNote) returns (stream RouteNote)` | `route_chat(stream) -> Streaming<RouteNote>` | `route_chat(&self, Request<Streaming<RouteNote>>) -> Result<Response<Self::RouteChatStream>, Status>` |
+//!
+//! - `Streaming<T>` holds the messages received: a `Stream` of
+//!   `Result<T, Status>`, a blocking iterator of them through
+//!   `IntoIterator`, or one at a time with `message().await` or
+//!   `blocking_message()`.
+//! - A client that streams requests passes any `Stream` of them (or a
+//!   `Request` wrapping one). The blocking form of such a call,
+//!   `record_route_sender(())` and `route_chat_sender(())`, returns a
+//!   `RequestSender` to push requests with `send` and finish with `close`,
+//!   beside the `ClientStreamingCall` or `Streaming` of the responses.
+//! - A server that streams responses chooses their stream's type with the
+//!   trait's associated type, `type ListFeaturesStream: Stream<Item =
+//!   Result<Feature, Status>> + Send + 'static`.
 //!
 //! Proto comments on services and rpcs become doc comments. Rpc names that
 //! are Rust keywords become raw identifiers (`r#type`), or get a trailing
@@ -59,9 +81,12 @@
 //!
 //! ## What is rejected
 //!
-//! rdma-rpc supports unary rpcs only: a streaming rpc is an error. So are two
-//! rpcs whose method ids collide, and names that would map to the same Rust
-//! item. Errors are [`std::io::Error`]s of kind
+//! Names that cannot be told apart once generated: two rpcs whose method ids
+//! collide, or whose Rust items would have the same name (the methods
+//! `get_item` of `GetItem` and `get_item`, the blocking `upload_sender` of
+//! `Upload` and the method of an rpc `UploadSender`, the associated types
+//! `Get1Stream` of `Get_1` and `Get1`), and a message whose module would be
+//! named like a service's. Errors are [`std::io::Error`]s of kind
 //! [`InvalidInput`](std::io::ErrorKind::InvalidInput) whose message names the
 //! offending rpcs.
 
@@ -83,8 +108,8 @@ use std::path::{Path, PathBuf};
 ///
 /// # Errors
 ///
-/// A `.proto` file that cannot be read or parsed, a streaming rpc, a method id
-/// collision, or a failure to write the output.
+/// A `.proto` file that cannot be read or parsed, a method id collision, names
+/// that would map to the same Rust item, or a failure to write the output.
 pub fn compile_protos(
     protos: &[impl AsRef<Path>],
     includes: &[impl AsRef<Path>],

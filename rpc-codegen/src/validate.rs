@@ -1,9 +1,11 @@
 //! Checks a descriptor set before any code is generated, so that a proto
-//! rdma-rpc cannot serve fails the build with a message naming the rpc rather
-//! than with a confusing compile error in generated code.
+//! whose names rdma-rpc cannot map to Rust fails the build with a message
+//! naming the rpcs rather than with a confusing compile error in generated
+//! code.
 
+use crate::generator::{sender_method_name, stream_type_name};
 use heck::ToSnakeCase;
-use prost_types::{DescriptorProto, FileDescriptorSet, MethodDescriptorProto};
+use prost_types::{DescriptorProto, FileDescriptorSet};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::io;
@@ -25,15 +27,6 @@ pub(crate) fn method_path(service_full_name: &str, method: &str) -> String {
 /// Hex with the halves grouped, as written into generated code: `0x1234_abcd`.
 pub(crate) fn id_literal(id: u32) -> String {
     format!("0x{:04x}_{:04x}", id >> 16, id & 0xffff)
-}
-
-fn streaming_kind(method: &MethodDescriptorProto) -> Option<&'static str> {
-    match (method.client_streaming(), method.server_streaming()) {
-        (false, false) => None,
-        (true, false) => Some("client-streaming"),
-        (false, true) => Some("server-streaming"),
-        (true, true) => Some("bidirectional-streaming"),
-    }
 }
 
 /// Whether prost generates a module for the nested types of `message`:
@@ -78,17 +71,10 @@ pub(crate) fn validate(fds: &FileDescriptorSet) -> io::Result<()> {
 
             // Rust method name -> rpc name.
             let mut rust_names: HashMap<String, &str> = HashMap::new();
+            // Associated type of the server trait -> rpc name.
+            let mut stream_types: HashMap<String, &str> = HashMap::new();
             for method in &service.method {
                 let path = method_path(&service_name, method.name());
-
-                if let Some(kind) = streaming_kind(method) {
-                    problems.push(format!(
-                        "rpc `{service_name}.{}` (in {}) is {kind}; \
-                         rdma-rpc supports unary rpcs only",
-                        method.name(),
-                        file.name(),
-                    ));
-                }
 
                 let id = rpc_core::codegen::method_id(&path);
                 match ids.entry(id) {
@@ -115,6 +101,39 @@ pub(crate) fn validate(fds: &FileDescriptorSet) -> io::Result<()> {
                     Entry::Vacant(slot) => {
                         slot.insert(method.name());
                     }
+                }
+
+                if method.server_streaming() {
+                    let stream = stream_type_name(method.name());
+                    match stream_types.entry(stream) {
+                        Entry::Occupied(first) => problems.push(format!(
+                            "rpcs `{service_name}.{}` and `{service_name}.{}` would both \
+                             generate the associated type `{}` of the server trait; \
+                             rename one of them",
+                            first.get(),
+                            method.name(),
+                            first.key(),
+                        )),
+                        Entry::Vacant(slot) => {
+                            slot.insert(method.name());
+                        }
+                    }
+                }
+            }
+
+            // The blocking client method of a client-streaming or
+            // bidirectional rpc, `record_route_sender`, against the client
+            // methods of the other rpcs.
+            for method in service.method.iter().filter(|m| m.client_streaming()) {
+                let sender = sender_method_name(method.name());
+                if let Some(other) = rust_names.get(&sender) {
+                    problems.push(format!(
+                        "rpcs `{service_name}.{}` and `{service_name}.{other}` would both \
+                         generate the client method `{sender}` (the blocking form of `{}`); \
+                         rename one of them",
+                        method.name(),
+                        method.name(),
+                    ));
                 }
             }
         }

@@ -30,32 +30,6 @@ fn proto_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
     dir
 }
 
-#[test]
-fn streaming_rpcs_are_rejected_by_name_and_kind() {
-    let protos = manifest_dir().join("tests/protos");
-    let err = compile(&[&protos.join("streaming.proto")], &[&protos]).unwrap_err();
-    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
-    let message = err.to_string();
-
-    for expected in [
-        "rpc `stream.v1.Feed.Upload` (in streaming.proto) is client-streaming; \
-         rdma-rpc supports unary rpcs only",
-        "rpc `stream.v1.Feed.Subscribe` (in streaming.proto) is server-streaming; \
-         rdma-rpc supports unary rpcs only",
-        "rpc `stream.v1.Feed.Chat` (in streaming.proto) is bidirectional-streaming; \
-         rdma-rpc supports unary rpcs only",
-    ] {
-        assert!(
-            message.contains(expected),
-            "{expected:?} not in:\n{message}"
-        );
-    }
-    assert!(
-        !message.contains("Feed.Get"),
-        "unary rpc reported:\n{message}"
-    );
-}
-
 /// Two rpc names of `collide.Svc` whose paths have the same method id, found
 /// by the birthday paradox: about 2^16 names for a 32-bit hash.
 fn colliding_method_names() -> (String, String) {
@@ -123,6 +97,57 @@ fn rpcs_mapping_to_one_rust_name_are_rejected() {
 }
 
 #[test]
+fn blocking_sender_clashing_with_another_rpc_is_rejected() {
+    let dir = proto_dir(&[(
+        "sender.proto",
+        "syntax = \"proto3\";
+         package sender;
+         message M {}
+         service Svc {
+           rpc UploadSender(M) returns (M);
+           rpc Upload(stream M) returns (M);
+           rpc Chat(stream M) returns (stream M);
+           rpc chat_sender(M) returns (stream M);
+           // Only client-streaming and bidirectional rpcs have a sender.
+           rpc Watch(M) returns (stream M);
+           rpc WatchSender(M) returns (M);
+         }",
+    )]);
+    let err = compile(&[&dir.path().join("sender.proto")], &[dir.path()]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    assert_eq!(
+        err.to_string(),
+        "rpcs `sender.Svc.Upload` and `sender.Svc.UploadSender` would both generate \
+         the client method `upload_sender` (the blocking form of `Upload`); rename one of them\n\
+         rpcs `sender.Svc.Chat` and `sender.Svc.chat_sender` would both generate \
+         the client method `chat_sender` (the blocking form of `Chat`); rename one of them"
+    );
+}
+
+#[test]
+fn response_stream_types_clashing_are_rejected() {
+    // Distinct Rust methods `get_1` and `get1`, but one associated type
+    // `Get1Stream` in the server trait.
+    let dir = proto_dir(&[(
+        "streams.proto",
+        "syntax = \"proto3\";
+         package streams;
+         message M {}
+         service Svc {
+           rpc Get_1(M) returns (stream M);
+           rpc Get1(stream M) returns (stream M);
+         }",
+    )]);
+    let err = compile(&[&dir.path().join("streams.proto")], &[dir.path()]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    assert_eq!(
+        err.to_string(),
+        "rpcs `streams.Svc.Get_1` and `streams.Svc.Get1` would both generate the \
+         associated type `Get1Stream` of the server trait; rename one of them"
+    );
+}
+
+#[test]
 fn message_module_clashing_with_service_module_is_rejected() {
     let dir = proto_dir(&[(
         "clash.proto",
@@ -186,6 +211,8 @@ fn proto_comments_become_docs_and_uncommented_items_get_defaults() {
          }
          service Bare {
            rpc Call(M) returns (M);
+           rpc Upload(stream M) returns (M);
+           rpc Watch(M) returns (stream M);
          }",
     )]);
     let out = compile(&[&dir.path().join("docs.proto")], &[dir.path()]).unwrap();
@@ -205,6 +232,45 @@ fn proto_comments_become_docs_and_uncommented_items_get_defaults() {
         "/// Generated client for `docs.Bare`.\npub mod bare_client {",
         "    /// Client for the `docs.Bare` service.\n",
         "    /// The `docs.Bare` service: implement it, and serve it with [`BareServer`].\n",
+        // Streaming rpcs: the blocking form and the response stream type.
+        "        /// Calls the `Upload` rpc of `docs.Bare`.\n        ///\n        /// Sends the requests of a stream. The blocking form is\n        /// [`Self::upload_sender`].\n        pub fn upload(",
+        "        /// Calls the `Upload` rpc of `docs.Bare`.\n        ///\n        /// The blocking form of [`Self::upload`]: send each request with\n",
+        "        /// for the defaults.\n        pub fn upload_sender(",
+        "        /// The stream of responses of `Watch`.\n        type WatchStream:",
+        "        /// Handles the `Watch` rpc of `docs.Bare`.\n        fn watch(",
+    ] {
+        assert!(code.contains(expected), "{expected:?} not in:\n{code}");
+    }
+}
+
+#[test]
+fn streaming_rpcs_named_like_keywords_or_client_methods() {
+    let dir = proto_dir(&[(
+        "names.proto",
+        "syntax = \"proto3\";
+         package names;
+         message M {}
+         service Svc {
+           rpc Type(stream M) returns (stream M);
+           rpc Connect(stream M) returns (M);
+           rpc Self(M) returns (stream M);
+         }",
+    )]);
+    let out = compile(&[&dir.path().join("names.proto")], &[dir.path()]).unwrap();
+    let code = fs::read_to_string(out.path().join("names.rs")).unwrap();
+    for expected in [
+        "        /// [`Self::type_sender`].\n        pub fn r#type(",
+        // Intra-doc links cannot name a raw identifier.
+        "        /// The blocking form of `r#type`: send each request with\n",
+        "        pub fn type_sender(",
+        "        type TypeStream:",
+        "        fn r#type(",
+        "        /// [`Self::connect_sender`].\n        pub fn connect_(",
+        "        /// The blocking form of [`Self::connect_`]: send each request with\n",
+        "        pub fn connect_sender(",
+        "        type SelfStream:",
+        "        ) -> ::rpc_core::codegen::Streaming<super::M> {\n            ::rpc_core::codegen::server_streaming(",
+        "        fn self_(",
     ] {
         assert!(code.contains(expected), "{expected:?} not in:\n{code}");
     }
@@ -218,7 +284,10 @@ fn rpcs_of_an_imported_file_are_checked_too() {
             "syntax = \"proto3\";
              package lib;
              message M {}
-             service Watch { rpc Follow(M) returns (stream M); }",
+             service Watch {
+               rpc Follow(M) returns (stream M);
+               rpc follow(M) returns (stream M);
+             }",
         ),
         (
             "app.proto",
@@ -231,7 +300,7 @@ fn rpcs_of_an_imported_file_are_checked_too() {
     let err = compile(&[&dir.path().join("app.proto")], &[dir.path()]).unwrap_err();
     assert!(
         err.to_string()
-            .contains("rpc `lib.Watch.Follow` (in lib.proto) is server-streaming"),
+            .contains("rpcs `lib.Watch.Follow` and `lib.Watch.follow` would both"),
         "{err}"
     );
 }

@@ -1,4 +1,5 @@
-//! The generated code for `proto/echo.proto` and `proto/kv.proto`, compared
+//! The generated code for `proto/echo.proto`, `proto/kv.proto` and
+//! `proto/route_guide.proto` (one rpc of each streaming kind), compared
 //! byte for byte with the committed files in `tests/reference/`, so that any
 //! change to the output is seen in review.
 //!
@@ -53,19 +54,23 @@ fn check(generated_dir: &Path, file: &str) -> Result<(), String> {
 }
 
 #[test]
-fn echo_and_kv_match_reference() {
+fn echo_kv_and_route_guide_match_reference() {
     let proto = manifest_dir().join("../proto");
     let out = tempfile::tempdir().unwrap();
     rpc_codegen::configure()
         .out_dir(out.path())
         .emit_rerun_if_changed(false)
         .compile(
-            &[proto.join("echo.proto"), proto.join("kv.proto")],
+            &[
+                proto.join("echo.proto"),
+                proto.join("kv.proto"),
+                proto.join("route_guide.proto"),
+            ],
             &[&proto],
         )
         .unwrap();
 
-    let failures: Vec<String> = ["echo.rs", "kv.rs"]
+    let failures: Vec<String> = ["echo.rs", "kv.rs", "routeguide.rs"]
         .iter()
         .filter_map(|file| check(out.path(), file).err())
         .collect();

@@ -82,6 +82,7 @@ pub mod echo_server {
                 name: "Echo",
                 path: "/echo.Echo/Echo",
                 id: 0x0274_1ef6,
+                kind: ::rpc_core::codegen::MethodKind::Unary,
             },
         ],
     };

@@ -213,21 +213,25 @@ pub mod kv_server {
                 name: "Put",
                 path: "/kv.Kv/Put",
                 id: 0x83c0_5b70,
+                kind: ::rpc_core::codegen::MethodKind::Unary,
             },
             ::rpc_core::codegen::MethodDescriptor {
                 name: "Get",
                 path: "/kv.Kv/Get",
                 id: 0xd3ed_4c7d,
+                kind: ::rpc_core::codegen::MethodKind::Unary,
             },
             ::rpc_core::codegen::MethodDescriptor {
                 name: "Delete",
                 path: "/kv.Kv/Delete",
                 id: 0xe1cf_2470,
+                kind: ::rpc_core::codegen::MethodKind::Unary,
             },
             ::rpc_core::codegen::MethodDescriptor {
                 name: "Scan",
                 path: "/kv.Kv/Scan",
                 id: 0x3ea4_9932,
+                kind: ::rpc_core::codegen::MethodKind::Unary,
             },
         ],
     };
