@@ -75,7 +75,7 @@ fn descriptors_name_services_and_rpcs_in_proto_order() {
 fn method_paths_and_ids_are_derived_from_names() {
     let mut ids = HashMap::new();
     for descriptor in all_descriptors() {
-        for MethodDescriptor { name, path, id } in descriptor.methods {
+        for MethodDescriptor { name, path, id, .. } in descriptor.methods {
             assert_eq!(*path, format!("/{}/{name}", descriptor.name));
             assert_eq!(*id, method_id(path), "{path}");
             assert_ne!(*id, 0, "{path}");
