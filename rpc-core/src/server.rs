@@ -130,7 +130,7 @@ impl ServerCall {
         if let Some(core) = &self.core {
             return Some(core.signal.clone());
         }
-        Some(self.signal.get_or_insert_with(Default::default).clone())
+        Some(self.signal.get_or_insert_with(take_signal).clone())
     }
 
     /// Registers a unary call whose handler waits, so that a `Cancel`
@@ -485,6 +485,35 @@ fn send_error(sink: &dyn Link, call_id: CallId, method_id: u32, status: &Status)
     }
 }
 
+/// Cancellation signals kept per thread for reuse: a unary call needs one
+/// for its request, and most are let go of unused when the call ends.
+const MAX_POOLED_SIGNALS: usize = 256;
+
+thread_local! {
+    static SIGNALS: std::cell::RefCell<Vec<Arc<Signal>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_signal() -> Arc<Signal> {
+    SIGNALS
+        .with(|pool| pool.borrow_mut().pop())
+        .unwrap_or_default()
+}
+
+/// Keeps `signal` for another call if nothing else holds it.
+fn give_signal(mut signal: Arc<Signal>) {
+    let Some(unique) = Arc::get_mut(&mut signal) else {
+        return; // a request outlived its call (moved into a task): let it be
+    };
+    unique.reset();
+    SIGNALS.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.len() < MAX_POOLED_SIGNALS {
+            pool.push(signal);
+        }
+    });
+}
+
 /// Runs a handler's task: on a dispatcher, to completion there (parking
 /// while it waits); elsewhere (the blocking pool), blocking the thread.
 fn run_task(task: impl Future<Output = ()> + Send + 'static) {
@@ -525,7 +554,11 @@ impl Drop for ServerCall {
             // ends: nothing more arrives for a finished call.
             core.fail(Status::cancelled("the call has finished"));
         }
-        if self.sink.is_some() && self.is_cancelled() {
+        let cancelled = self.is_cancelled();
+        if let Some(signal) = self.signal.take() {
+            give_signal(signal);
+        }
+        if self.sink.is_some() && cancelled {
             self.sink = None;
         }
         if let Some(sink) = self.sink.take() {
@@ -932,7 +965,7 @@ impl<F: Fabric> Role<F> for ServerRole {
             call.core = Some(core);
             call.registered = true;
         } else if route.blocking {
-            let signal = Arc::new(Signal::default());
+            let signal = take_signal();
             self.registry
                 .insert(conn.qp_num, h.call_id, Registered::Unary(signal.clone()));
             call.signal = Some(signal);

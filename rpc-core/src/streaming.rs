@@ -106,6 +106,15 @@ impl Signal {
         self.cancelled.load(Ordering::Acquire)
     }
 
+    /// Makes a signal nobody else holds new again, for reuse.
+    pub(crate) fn reset(&mut self) {
+        *self.cancelled.get_mut() = false;
+        self.wakers
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     pub(crate) fn poll_cancelled(&self, cx: &mut Context<'_>) -> Poll<()> {
         if self.is_cancelled() {
             return Poll::Ready(());
