@@ -253,7 +253,11 @@ fn echo_frame(raw: &mut Raw) -> Vec<u8> {
 /// already completed one call (so the server's first frame is behind it).
 fn setup(url: &str) -> (ServerHandle, EchoClient, Raw) {
     let probe = Probe::new();
-    let server = serve(test_server(&probe).blocking_threads(2), url);
+    let (_, health) = rpc_core::health::service();
+    let server = serve(
+        test_server(&probe).blocking_threads(2).add_service(health),
+        url,
+    );
     let good = EchoClient::new(channel(server.local_url()));
     check(&good);
     let mut raw = Raw::connect(server.local_url());
@@ -418,6 +422,65 @@ on_soft_fabrics! {
         raw.echo(b"still here");
         check(&good);
         drop(raw);
+        check(&good);
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
+/// The id of the health service's `Watch`, a server-streaming rpc.
+const WATCH: u32 = rpc_core::codegen::method_id("/grpc.health.v1.Health/Watch");
+
+/// A frame of a call after its request: no metadata, `value` in the
+/// timeout field (a window grant).
+fn call_frame(kind: FrameKind, call_id: CallId, value: u32, payload: &[u8]) -> Vec<u8> {
+    let mut header = request_header(0, call_id, 0, payload.len());
+    header.kind = kind;
+    header.timeout_us = value;
+    frame(header, &[], payload)
+}
+
+/// Opens a health `Watch` on the raw connection and takes its first message.
+fn open_watch(raw: &mut Raw) -> CallId {
+    let call_id = raw.call_id();
+    let request = rpc_core::health::HealthCheckRequest::default().encode_to_vec();
+    raw.send_at_head(&request_frame(WATCH, call_id, &[], &request), None);
+    let first = raw.receive();
+    assert_eq!(first.header.kind, FrameKind::Message, "{first:?}");
+    assert_eq!(first.header.call_id, call_id);
+    call_id
+}
+
+on_soft_fabrics! {
+    fn a_request_message_on_a_server_stream_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let call_id = open_watch(raw);
+            raw.send_at_head(&call_frame(FrameKind::Message, call_id, 0, b"no"), None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn a_window_grant_beyond_what_was_sent_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let call_id = open_watch(raw);
+            raw.send_at_head(&call_frame(FrameKind::Window, call_id, 1 << 30, &[]), None);
+        });
+    }
+}
+
+on_soft_fabrics! {
+    fn stream_frames_of_calls_that_are_not_live_are_ignored(url: &str) {
+        let (server, good, mut raw) = setup(url);
+        // Frames crossing the end of a call are normal: dropped quietly.
+        let gone = raw.call_id();
+        for kind in [FrameKind::Message, FrameKind::HalfClose, FrameKind::Window, FrameKind::Cancel] {
+            raw.send_at_head(&call_frame(kind, gone, 64, &[]), None);
+        }
+        raw.echo(b"still here");
+        // A cancelled stream ends; its connection goes on.
+        let watch = open_watch(&mut raw);
+        raw.send_at_head(&call_frame(FrameKind::Cancel, watch, 0, &[]), None);
+        raw.echo(b"after a cancel");
         check(&good);
         bounded("shutdown", move || server.shutdown());
     }

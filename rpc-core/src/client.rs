@@ -599,7 +599,8 @@ impl<F: Fabric> Client<F> {
                 self.conn.death().unwrap_or_default()
             )));
         }
-        let core = StreamCore::new(DEFAULT_WINDOW);
+        // Only a client-streaming call's responses are not a stream.
+        let core = StreamCore::new(DEFAULT_WINDOW, !final_message);
         let deadline = timeout.map(|t| Instant::now() + t);
         let id = self.ep.role.calls().insert(
             Call {

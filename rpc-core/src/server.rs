@@ -959,7 +959,7 @@ impl<F: Fabric> Role<F> for ServerRole {
         // A stream, or a call handed to another thread, is registered now:
         // its next frames may arrive before its handler runs.
         if route.kind != MethodKind::Unary {
-            let core = StreamCore::new(DEFAULT_WINDOW);
+            let core = StreamCore::new(DEFAULT_WINDOW, route.kind.client_streams());
             self.registry
                 .insert(conn.qp_num, h.call_id, Registered::Stream(core.clone()));
             call.core = Some(core);

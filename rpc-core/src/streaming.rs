@@ -141,6 +141,8 @@ pub(crate) struct StreamCore {
     st: Mutex<CoreState>,
     /// Set when the call is cancelled or its connection lost (servers).
     pub(crate) signal: Arc<Signal>,
+    /// Whether the peer may send `Message`s on this stream.
+    messages: bool,
 }
 
 #[derive(Debug)]
@@ -164,8 +166,9 @@ struct CoreState {
 }
 
 impl StreamCore {
-    /// A stream with windows of `window` bytes each way.
-    pub(crate) fn new(window: u32) -> Arc<StreamCore> {
+    /// A stream with windows of `window` bytes each way; the peer may send
+    /// `Message`s only if `messages`.
+    pub(crate) fn new(window: u32, messages: bool) -> Arc<StreamCore> {
         Arc::new(StreamCore {
             st: Mutex::new(CoreState {
                 inbox: VecDeque::new(),
@@ -180,6 +183,7 @@ impl StreamCore {
                 over: None,
             }),
             signal: Arc::new(Signal::default()),
+            messages,
         })
     }
 
@@ -195,6 +199,9 @@ impl StreamCore {
         metadata: Option<Metadata>,
         body_len: usize,
     ) -> Result<(), StreamError> {
+        if !self.messages {
+            return Err(StreamError::MessageNotExpected);
+        }
         let waker = {
             let mut st = self.state();
             st.inbound.on_message()?;
@@ -368,7 +375,7 @@ pub(crate) struct Outbox {
 impl Outbox {
     /// The outbox of a call that did not start: every send fails.
     pub(crate) fn closed() -> Outbox {
-        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW);
+        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW, false);
         core.fail(Status::unavailable("the call did not start"));
         Outbox {
             core,
@@ -641,7 +648,7 @@ impl<T> Streaming<T> {
 
     /// A stream that yields `status` and ends (a call that could not start).
     pub(crate) fn failed(status: Status) -> Streaming<T> {
-        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW);
+        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW, false);
         core.fail(status);
         Streaming::new(core, Arc::new(NoLink), CallId(0), None, None)
     }

@@ -58,6 +58,9 @@ pub enum StreamError {
     },
     /// A message after the peer closed its side of the stream.
     MessageAfterClose,
+    /// A message on a direction that carries none (the requests of a
+    /// server-streaming call, the responses of a client-streaming one).
+    MessageNotExpected,
     /// A second half-close.
     DoubleHalfClose,
 }
@@ -74,6 +77,9 @@ impl std::fmt::Display for StreamError {
                 "stream window grant of {grant} bytes exceeds the {outstanding} outstanding"
             ),
             StreamError::MessageAfterClose => write!(f, "stream message after half-close"),
+            StreamError::MessageNotExpected => {
+                write!(f, "stream message on a direction that carries none")
+            }
             StreamError::DoubleHalfClose => write!(f, "stream half-closed twice"),
         }
     }
