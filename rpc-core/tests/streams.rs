@@ -225,7 +225,7 @@ fn count(ch: &Channel, n: u64, size: usize) -> rpc_core::Streaming<Item> {
 
 on_every_fabric!(server_streams_arrive_complete_and_in_order);
 fn server_streams_arrive_complete_and_in_order(url: &str) {
-    let (_server, ch, _) = start(&url);
+    let (_server, ch, _) = start(url);
     // Blocking iterator.
     let mut stream = count(&ch, 20_000, 100);
     let mut next = 0;
@@ -262,7 +262,7 @@ fn a_million_messages_arrive_in_order() {
 
 on_every_fabric!(client_streams_and_bidi_streams_both_ways);
 fn client_streams_and_bidi_streams_both_ways(url: &str) {
-    let (_server, ch, _) = start(&url);
+    let (_server, ch, _) = start(url);
     // From a stream.
     let requests = futures::stream::iter((1..=1000).map(item));
     let reply = client_streaming::<_, Item>(&ch, SUM, Request::new(requests))
@@ -311,7 +311,7 @@ impl<F: std::future::Future> WaitBlocking for F {}
 
 on_every_fabric!(a_stream_ends_with_its_error_status_and_trailers);
 fn a_stream_ends_with_its_error_status_and_trailers(url: &str) {
-    let (_server, ch, _) = start(&url);
+    let (_server, ch, _) = start(url);
     let mut stream = server_streaming::<_, Item>(&ch, FAIL, Request::new(item(0)));
     for seq in 0..3 {
         assert_eq!(stream.blocking_message().unwrap().unwrap().seq, seq);
@@ -354,7 +354,7 @@ fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
 
 on_every_fabric!(a_consumer_that_stops_reading_stalls_only_its_own_producer);
 fn a_consumer_that_stops_reading_stalls_only_its_own_producer(url: &str) {
-    let (_server, ch, probe) = start(&url);
+    let (_server, ch, probe) = start(url);
     let mut stalled = server_streaming::<_, Item>(&ch, ENDLESS, Request::new(item(0)));
     assert_eq!(stalled.blocking_message().unwrap().unwrap().seq, 0);
     // The producer runs until the window is full, then stops.
@@ -384,7 +384,7 @@ fn a_consumer_that_stops_reading_stalls_only_its_own_producer(url: &str) {
 
 on_every_fabric!(cancelling_a_stream_ends_the_handlers_stream_within_10ms);
 fn cancelling_a_stream_ends_the_handlers_stream_within_10ms(url: &str) {
-    let (_server, ch, probe) = start(&url);
+    let (_server, ch, probe) = start(url);
     // The best of three: a busy machine may deschedule any one run.
     let mut best = Duration::MAX;
     for _ in 0..3 {
@@ -408,7 +408,7 @@ fn cancelling_a_stream_ends_the_handlers_stream_within_10ms(url: &str) {
 
 on_every_fabric!(unary_handlers_see_their_cancellation);
 fn unary_handlers_see_their_cancellation(url: &str) {
-    let (_server, ch, probe) = start(&url);
+    let (_server, ch, probe) = start(url);
     let mut req = Request::new(item(0));
     req.set_timeout(Duration::from_millis(50));
     let e = unary::<_, Item>(&ch, WAIT_CANCEL, req).wait().unwrap_err();
@@ -437,7 +437,7 @@ fn unary_handlers_see_their_cancellation(url: &str) {
 
 on_every_fabric!(a_child_call_inherits_the_remaining_deadline);
 fn a_child_call_inherits_the_remaining_deadline(url: &str) {
-    let (_server, ch, _) = start(&url);
+    let (_server, ch, _) = start(url);
     let mut req = Request::new(item(0));
     req.set_timeout(Duration::from_millis(800));
 
@@ -467,7 +467,7 @@ fn a_child_call_inherits_the_remaining_deadline(url: &str) {
 
 on_every_fabric!(a_stream_deadline_fails_it_and_cancels_the_handler);
 fn a_stream_deadline_fails_it_and_cancels_the_handler(url: &str) {
-    let (_server, ch, probe) = start(&url);
+    let (_server, ch, probe) = start(url);
     let mut req = Request::new(item(0));
     req.set_timeout(Duration::from_millis(100));
     let mut stream = server_streaming::<_, Item>(&ch, ENDLESS, req);
