@@ -4,6 +4,7 @@
 //! each protobuf package becomes a module here through
 //! `rpc_core::include_proto!`.
 
+pub mod route_guide;
 pub mod services;
 pub mod workload;
 
@@ -30,6 +31,12 @@ pub mod kv {
     //! The `kv` package: a small key-value store, the example service of
     //! rdma-rpc.
     rpc_core::include_proto!("kv");
+}
+
+pub mod routeguide {
+    //! The `routeguide` package: gRPC's route guide, one rpc of each kind
+    //! (served by [`crate::route_guide`]).
+    rpc_core::include_proto!("routeguide");
 }
 
 pub mod acme {
