@@ -22,10 +22,7 @@
 
 use crate::routeguide::route_guide_server::RouteGuide;
 use crate::routeguide::{Feature, Point, Rectangle, RouteNote, RouteSummary};
-// `Stream` is the `futures_core` trait; this crate has no `futures`
-// dependency of its own, so it names it through the runtime's re-export.
-use rpc_core::codegen::Stream;
-use rpc_core::{Request, Response, Status, Streaming};
+use rpc_core::{Request, Response, Status, Stream, Streaming};
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};

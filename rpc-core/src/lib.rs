@@ -79,6 +79,9 @@ pub mod testing {
 pub use blocking::{Blocking, blocking};
 pub use client::ChannelBuilder;
 pub use client::{Channel, UnaryCall};
+/// The `Stream` trait (of `futures-core`, the same as `futures::Stream`):
+/// what streaming handlers return and streaming calls take.
+pub use futures_core::Stream;
 pub use metadata::{InvalidMetadataKey, Metadata};
 pub use request::{IntoRequest, Request, Response};
 pub use server::{MethodKind, Server, ServerBuilder, ServerCall, ServerHandle, Service};

@@ -13,9 +13,7 @@
 use examples::route_guide::{self, GRID_ORIGIN, GRID_STEP};
 use examples::routeguide::route_guide_client::RouteGuideClient;
 use examples::routeguide::{Point, Rectangle, RouteNote};
-// The `futures_core` trait, as the runtime re-exports it (see `IterStream`).
-use rpc_core::codegen::Stream;
-use rpc_core::{Channel, Status};
+use rpc_core::{Channel, Status, Stream};
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
