@@ -7,6 +7,9 @@ pub const USAGE: &str = "\
 usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
                  [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel] [--spin-us N]
+       rpc-bench --stream --url URL --size BYTES --calls N [--concurrency C]
+                 [--stream-len M] [--connections K] [--warmup N] [--json FILE]
+                 [--baseline tonic|perftest] [--spin-us N]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
@@ -17,6 +20,18 @@ after N/10 warm-up calls (--warmup), and prints
 
 cpu_us_per_call is the process's CPU time (user + system, all threads: client
 and server) over the measured calls, divided by their number.
+
+--stream measures server streaming instead: N messages of BYTES bytes read
+from echo Stream calls, C streams at a time (default 1), each asking for M
+messages (default: N/C per round, one long stream per lane), and prints
+
+  url=... mode=stream size=... concurrency=... messages=... errors=... gap_p50_us=... gap_p99_us=... gap_p999_us=... msgs_per_s=... mb_per_s=... cpu_us_per_msg=...
+
+where a gap is the time between two messages of a stream (for the first,
+since the call was issued), MB are 10^6 payload bytes, and cpu_us_per_msg
+is the process's CPU time over the measured messages, divided by their
+number. Baselines: tonic (server streaming, the same messages) and perftest
+(ib_write_bw's message rate at BYTES, perftest's default queue depth).
 
 --baseline measures a reference with the same size, calls and concurrency and
 prints its line and the ratios ours/theirs (tonic and channel run in this
@@ -62,6 +77,11 @@ pub struct Options {
     pub baseline: Option<Baseline>,
     /// How long server and client spin before they sleep (None: default).
     pub spin: Option<std::time::Duration>,
+    /// Server streams instead of unary calls (`--stream`): `calls` counts
+    /// messages.
+    pub stream: bool,
+    /// Stream mode: messages per stream (None: a round's over the streams).
+    pub stream_len: Option<u64>,
 }
 
 impl Options {
@@ -77,12 +97,21 @@ impl Options {
         let mut json = None;
         let mut baseline = None;
         let mut spin = None;
+        let mut stream = false;
+        let mut stream_len = None;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             let (name, inline_value) = match arg.split_once('=') {
                 Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
                 _ => (arg.clone(), None),
             };
+            if name == "--stream" {
+                if inline_value.is_some() {
+                    return Err("--stream takes no value".into());
+                }
+                stream = true;
+                continue;
+            }
             let mut value = || {
                 inline_value
                     .clone()
@@ -112,14 +141,19 @@ impl Options {
                 "--spin-us" => {
                     spin = Some(std::time::Duration::from_micros(number(&name, &value()?)?))
                 }
+                "--stream-len" => stream_len = Some(number(&name, &value()?)?),
                 "--help" | "-h" => return Ok(None),
                 _ => return Err(format!("unexpected argument {arg:?}")),
             }
         }
         let url: String = url.ok_or("--url is required")?;
-        let size = size.ok_or("--size is required")? as usize;
+        let size: u64 = size.ok_or("--size is required")?;
         let calls = calls.ok_or("--calls is required")?;
-        let concurrency = concurrency.ok_or("--concurrency is required")? as usize;
+        let concurrency = match concurrency {
+            Some(c) => c as usize,
+            None if stream => 1,
+            None => return Err("--concurrency is required".into()),
+        };
         let connections = connections as usize;
         if calls == 0 {
             return Err("--calls must be at least 1".into());
@@ -137,12 +171,27 @@ impl Options {
                 "--url {url:?}: expected mem://name, tcp://host:port or rdma://host:port"
             ));
         }
+        if stream_len.is_some() && !stream {
+            return Err("--stream-len needs --stream".into());
+        }
+        if stream_len == Some(0) {
+            return Err("--stream-len must be at least 1".into());
+        }
+        if stream && size > u32::MAX as u64 {
+            return Err("--size: a stream's messages are at most 4 GiB".into());
+        }
+        if stream && baseline == Some(Baseline::Channel) {
+            return Err(
+                "--baseline channel is not implemented for --stream: use tonic (tcp://) or perftest (rdma://)"
+                    .into(),
+            );
+        }
         if baseline == Some(Baseline::Perftest) && !url.starts_with("rdma://") {
             return Err("--baseline perftest needs an rdma:// URL (it runs on that device)".into());
         }
         Ok(Some(Options {
             url,
-            size,
+            size: size as usize,
             calls,
             concurrency,
             connections,
@@ -150,6 +199,8 @@ impl Options {
             json,
             baseline,
             spin,
+            stream,
+            stream_len,
         }))
     }
 
@@ -199,6 +250,34 @@ mod tests {
             "--url mem://a --size 64 --calls 10 --concurrency 1 --baseline perftest",
             "--url http://a --size 64 --calls 10 --concurrency 1",
             "--url mem://a --size 64 --calls 10 --concurrency 1 --bogus",
+        ] {
+            assert!(parse(bad).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
+    fn parses_stream_mode() {
+        let o = parse("--stream --url tcp://127.0.0.1:0 --size 1024 --calls 1000 --baseline tonic")
+            .unwrap()
+            .unwrap();
+        assert!(o.stream);
+        assert_eq!((o.concurrency, o.stream_len, o.warmup), (1, None, 100));
+        let o = parse("--url mem://a --size 64 --calls 10 --stream --concurrency 4 --stream-len=5")
+            .unwrap()
+            .unwrap();
+        assert_eq!((o.concurrency, o.stream_len), (4, Some(5)));
+        assert!(
+            !parse("--url mem://a --size 64 --calls 10 --concurrency 1")
+                .unwrap()
+                .unwrap()
+                .stream
+        );
+        for bad in [
+            "--stream=yes --url mem://a --size 64 --calls 10",
+            "--url mem://a --size 64 --calls 10 --concurrency 1 --stream-len 5",
+            "--stream --url mem://a --size 64 --calls 10 --stream-len 0",
+            "--stream --url mem://a --size 64 --calls 10 --baseline channel",
+            "--stream --url mem://a --size 5000000000 --calls 10",
         ] {
             assert!(parse(bad).is_err(), "accepted {bad:?}");
         }

@@ -7,7 +7,10 @@
 //! - `rpc-bench` measures unary echo calls end to end against an embedded
 //!   server, and a baseline in the same invocation: gRPC over tonic
 //!   ([`tonic_baseline`]), perftest's raw verbs figures ([`perftest`]), or a
-//!   crossbeam-channel ping-pong ([`channel_baseline`]). The in-process
+//!   crossbeam-channel ping-pong ([`channel_baseline`]). With `--stream` it
+//!   measures server streaming instead: messages per second and CPU time
+//!   per message of echo's `Stream` calls ([`stream`]), against tonic's
+//!   server streaming or `ib_write_bw`. The in-process
 //!   baselines alternate with our run in rounds
 //!   ([`measure::interleave`]), so that the load of a shared machine
 //!   weighs on both alike. `scripts/bench`
@@ -26,8 +29,9 @@ pub mod payload;
 pub mod perftest;
 pub mod report;
 pub mod rpc;
+pub mod stream;
 pub mod svg;
 pub mod tonic_baseline;
 
 pub use cli::{Baseline, Options};
-pub use measure::{Kind, Measurement};
+pub use measure::{Kind, Measurement, Mode};

@@ -31,6 +31,18 @@ pub struct Tally {
     pub first_error: Option<String>,
 }
 
+/// What a run measures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Unary echo calls: a call is a request and its echo.
+    #[default]
+    Unary,
+    /// Server streams (echo's `Stream`): a "call" is one message of a
+    /// stream, its latency the gap since the stream's previous message.
+    Stream,
+}
+
 impl Default for Tally {
     fn default() -> Self {
         Tally {
@@ -55,6 +67,15 @@ impl Tally {
                 self.errors += 1;
                 self.first_error.get_or_insert(e);
             }
+        }
+    }
+
+    /// Counts `n` failures at once (messages a stream never delivered),
+    /// with `error` as the reason.
+    pub fn record_failures(&mut self, n: u64, error: String) {
+        if n > 0 {
+            self.errors += n;
+            self.first_error.get_or_insert(error);
         }
     }
 
@@ -191,6 +212,14 @@ impl Kind {
 pub struct Measurement {
     /// What was measured.
     pub kind: Kind,
+    /// Unary calls or stream messages (`calls`, `rps`, the latencies and
+    /// `cpu_us_per_call` then count messages).
+    #[serde(default)]
+    pub mode: Mode,
+    /// Stream mode: messages per stream (None: each round's messages split
+    /// evenly over `concurrency` streams).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_len: Option<u64>,
     /// The fabric of the rdma-rpc run this belongs to: `mem`, `tcp` or `rdma`.
     pub fabric: String,
     /// Where: the server's bound URL for rdma-rpc, a descriptive URL
@@ -249,6 +278,11 @@ pub struct Measurement {
 /// The run's parameters, shared by our run and its baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
+    /// Unary calls or stream messages.
+    pub mode: Mode,
+    /// Stream mode: messages per stream (None: each round's messages split
+    /// evenly over the `concurrency` streams, one each).
+    pub stream_len: Option<u64>,
     /// Payload bytes.
     pub size: usize,
     /// Outstanding calls.
@@ -302,6 +336,8 @@ impl Measurement {
         };
         Measurement {
             kind,
+            mode: params.mode,
+            stream_len: params.stream_len.filter(|_| params.mode == Mode::Stream),
             fabric: fabric.to_owned(),
             url,
             size: params.size,
@@ -327,8 +363,10 @@ impl Measurement {
     }
 
     /// Sets this baseline record's ratios against our run `ours`.
+    /// A stream baseline without gaps (perftest) gets no gap ratio.
     pub fn set_ratios(&mut self, ours: &Measurement) {
-        self.ratio_p50 = Some(ratio(ours.p50_us, self.p50_us));
+        self.ratio_p50 = (self.mode == Mode::Unary || !self.cdf.is_empty())
+            .then(|| ratio(ours.p50_us, self.p50_us));
         self.ratio_rps = Some(ratio(ours.rps, self.rps));
         self.ratio_cpu = match (ours.cpu_us_per_call, self.cpu_us_per_call) {
             (Some(a), Some(b)) => Some(ratio(a, b)),
@@ -339,14 +377,20 @@ impl Measurement {
     /// The ratio line printed after a baseline's line:
     /// `ratio_p50_vs_tonic=X ratio_rps_vs_tonic=Y`, then
     /// ` ratio_cpu_vs_tonic=Z` where both sides' CPU time was measured.
+    /// In stream mode: `ratio_gap_p50_vs_tonic=X ratio_msgs_per_s_vs_tonic=Y`
+    /// and the CPU ratio likewise.
     pub fn ratio_line(&self) -> String {
         let name = self.kind.ratio_name();
         let show = |r: Option<f64>| r.map_or_else(|| "nan".to_owned(), |r| format!("{r:.3}"));
-        let mut line = format!(
-            "ratio_p50_vs_{name}={} ratio_rps_vs_{name}={}",
-            show(self.ratio_p50),
-            show(self.ratio_rps)
-        );
+        let (p50, rps) = match self.mode {
+            Mode::Unary => ("p50", "rps"),
+            Mode::Stream => ("gap_p50", "msgs_per_s"),
+        };
+        let mut line = String::new();
+        if self.mode == Mode::Unary || self.ratio_p50.is_some() {
+            line += &format!("ratio_{p50}_vs_{name}={} ", show(self.ratio_p50));
+        }
+        line += &format!("ratio_{rps}_vs_{name}={}", show(self.ratio_rps));
         if self.ratio_cpu.is_some() {
             line += &format!(" ratio_cpu_vs_{name}={}", show(self.ratio_cpu));
         }
@@ -365,9 +409,45 @@ fn now_unix() -> u64 {
 }
 
 /// The summary line: `url=… size=… concurrency=… calls=… errors=… p50_us=…
-/// p99_us=… p999_us=… rps=…`, then a baseline's own figures (`extra`).
+/// p99_us=… p999_us=… rps=… cpu_us_per_call=…`, then a baseline's own
+/// figures (`extra`). In stream mode: `url=… mode=stream size=…
+/// concurrency=… stream_len=… messages=… errors=… gap_p50_us=… gap_p99_us=…
+/// gap_p999_us=… msgs_per_s=… mb_per_s=… cpu_us_per_msg=…` (`stream_len`
+/// only when set, gaps only when measured; MB are 10^6 bytes of payload).
 impl fmt::Display for Measurement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.mode == Mode::Stream {
+            write!(
+                f,
+                "url={} mode=stream size={} concurrency={}",
+                self.url, self.size, self.concurrency
+            )?;
+            if let Some(len) = self.stream_len {
+                write!(f, " stream_len={len}")?;
+            }
+            write!(f, " messages={} errors={}", self.calls, self.errors)?;
+            // No gaps where none were measured (perftest, or nothing arrived).
+            if !self.cdf.is_empty() {
+                write!(
+                    f,
+                    " gap_p50_us={:.2} gap_p99_us={:.2} gap_p999_us={:.2}",
+                    self.p50_us, self.p99_us, self.p999_us
+                )?;
+            }
+            write!(
+                f,
+                " msgs_per_s={:.0} mb_per_s={:.1}",
+                self.rps,
+                self.rps * self.size as f64 / 1e6
+            )?;
+            if let Some(cpu) = self.cpu_us_per_call {
+                write!(f, " cpu_us_per_msg={cpu:.3}")?;
+            }
+            for (k, v) in &self.extra {
+                write!(f, " {k}={v}")?;
+            }
+            return Ok(());
+        }
         write!(
             f,
             "url={} size={} concurrency={} calls={} errors={} p50_us={:.2} p99_us={:.2} p999_us={:.2} rps={:.0}",
@@ -412,6 +492,8 @@ mod tests {
     #[test]
     fn interleaves_rounds() {
         let p = Params {
+            mode: Mode::Unary,
+            stream_len: None,
             size: 64,
             concurrency: 2,
             connections: 1,
@@ -469,6 +551,8 @@ mod tests {
         }
         t.record(Duration::from_nanos(1), Err("boom".into()));
         let p = Params {
+            mode: Mode::Unary,
+            stream_len: None,
             size: 64,
             concurrency: 1,
             connections: 1,
@@ -518,5 +602,59 @@ mod tests {
         let json = serde_json::to_string(&base).unwrap();
         let back: Measurement = serde_json::from_str(&json).unwrap();
         assert_eq!(back, base);
+    }
+    #[test]
+    fn stream_line_and_ratios() {
+        let mut t = Tally::default();
+        for _ in 0..100 {
+            t.record(Duration::from_micros(2), Ok(()));
+        }
+        let p = Params {
+            mode: Mode::Stream,
+            stream_len: Some(10),
+            size: 1000,
+            concurrency: 2,
+            connections: 1,
+            calls: 100,
+            warmup: 0,
+        };
+        let mut ours = Measurement::from_tally(
+            Kind::Rpc,
+            "tcp",
+            "tcp://x".into(),
+            p,
+            &t,
+            0,
+            Duration::from_millis(1),
+        );
+        ours.cpu_us_per_call = Some(1.5);
+        assert_eq!(
+            ours.to_string(),
+            "url=tcp://x mode=stream size=1000 concurrency=2 stream_len=10 messages=100 errors=0 \
+             gap_p50_us=2.00 gap_p99_us=2.00 gap_p999_us=2.00 msgs_per_s=100000 mb_per_s=100.0 \
+             cpu_us_per_msg=1.500"
+        );
+        let mut tonic = ours.clone();
+        tonic.kind = Kind::Tonic;
+        tonic.rps = 50_000.0;
+        tonic.cpu_us_per_call = Some(3.0);
+        tonic.set_ratios(&ours);
+        assert_eq!(
+            tonic.ratio_line(),
+            "ratio_gap_p50_vs_tonic=1.000 ratio_msgs_per_s_vs_tonic=2.000 ratio_cpu_vs_tonic=0.500"
+        );
+        // perftest measures no gaps: none shown, no gap ratio.
+        let mut bw = Measurement::from_tally(
+            Kind::Perftest,
+            "rdma",
+            "perftest://x".into(),
+            p,
+            &Tally::default(),
+            0,
+            Duration::from_millis(2),
+        );
+        bw.set_ratios(&ours);
+        assert!(!bw.to_string().contains("gap_"), "{bw}");
+        assert_eq!(bw.ratio_line(), "ratio_msgs_per_s_vs_verbs=2.000");
     }
 }

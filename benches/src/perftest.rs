@@ -10,8 +10,13 @@
 //! `2 × t_typical` (perftest's median), p99 and p99.9 are perftest's
 //! percentiles doubled. With several connections, `ib_write_bw` runs as
 //! many queue pairs (`-q`). perftest's own figures are kept in `extra`.
+//!
+//! In stream mode only `ib_write_bw` runs, at perftest's default send-queue
+//! depth (a stream keeps as many messages in flight as its window allows,
+//! whatever the number of streams): its `rps` is the message rate, and the
+//! record has no latencies (they are 0; perftest's gaps are not measured).
 
-use crate::measure::{Kind, Measurement, Params};
+use crate::measure::{Kind, Measurement, Mode, Params};
 use rpc_core::fabric::FabricUrl;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -61,19 +66,47 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
         .map(|s| s.to_string())
         .collect()
     };
+    let bw_args = |tcp_port: u16| {
+        let mut args = common(tcp_port);
+        if params.mode == Mode::Unary {
+            args.extend(["-t".to_owned(), params.concurrency.max(1).to_string()]);
+        }
+        if params.connections > 1 {
+            args.extend(["-q".to_owned(), params.connections.to_string()]);
+        }
+        args
+    };
+    let bw = || {
+        measure_with_retries("ib_write_bw", &size, || {
+            let out = run_pair(&bw_bin, bw_args(free_port()?), &host)?;
+            Ok((parse_bw(&out, params.size), out))
+        })
+    };
+    let url = format!("perftest://{device}/{host}?port={port}&gid={gid}");
+    if params.mode == Mode::Stream {
+        let bw = bw()?;
+        let mut m = Measurement::from_tally(
+            Kind::Perftest,
+            "rdma",
+            url,
+            params,
+            &crate::measure::Tally::default(),
+            0,
+            Duration::from_secs_f64(params.calls as f64 / (bw.msg_rate_mpps * 1e6)),
+        );
+        m.warmup = 0;
+        m.extra.insert("bw_avg_MBps".to_owned(), bw.avg_mbps);
+        m.extra.insert(
+            "bw_msg_rate_per_s".to_owned(),
+            (bw.msg_rate_mpps * 1e6).round(),
+        );
+        return Ok(m);
+    }
     let lat = measure_with_retries("ib_write_lat", &size, || {
         let out = run_pair(&lat_bin, common(free_port()?), &host)?;
         Ok((parse_lat(&out, params.size), out))
     })?;
-    let bw = measure_with_retries("ib_write_bw", &size, || {
-        let mut args = common(free_port()?);
-        args.extend(["-t".to_owned(), params.concurrency.max(1).to_string()]);
-        if params.connections > 1 {
-            args.extend(["-q".to_owned(), params.connections.to_string()]);
-        }
-        let out = run_pair(&bw_bin, args, &host)?;
-        Ok((parse_bw(&out, params.size), out))
-    })?;
+    let bw = bw()?;
 
     let rps = bw.msg_rate_mpps * 1e6;
     let mut cdf = vec![(0.0, 2.0 * lat.t_min), (0.5, 2.0 * lat.t_typical)];
@@ -95,8 +128,10 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
     extra.insert("bw_msg_rate_per_s".to_owned(), rps.round());
     Ok(Measurement {
         kind: Kind::Perftest,
+        mode: Mode::Unary,
+        stream_len: None,
         fabric: "rdma".to_owned(),
-        url: format!("perftest://{device}/{host}?port={port}&gid={gid}"),
+        url,
         size: params.size,
         concurrency: params.concurrency,
         connections: params.connections,

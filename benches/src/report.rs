@@ -1,7 +1,7 @@
 //! `bench-report`: turns the JSON records of a sweep into `REPORT.md`, its
 //! tables, the targets verdict, and SVG charts.
 
-use crate::measure::{Kind, Measurement};
+use crate::measure::{Kind, Measurement, Mode};
 use crate::svg::{Chart, PALETTE, Scale, Series, human};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -42,10 +42,11 @@ pub const FABRICS: &[(&str, Kind, &str)] = &[
 /// A record's place in the sweep: kind, fabric, size, concurrency, connections.
 type Key = (Kind, String, usize, usize, usize);
 
-/// The last record of each (kind, fabric, size, concurrency, connections).
+/// The last record of each (kind, fabric, size, concurrency, connections),
+/// of unary calls (the report does not cover `--stream` records).
 fn latest(records: &[Measurement]) -> BTreeMap<Key, &Measurement> {
     let mut map = BTreeMap::new();
-    for r in records {
+    for r in records.iter().filter(|r| r.mode == Mode::Unary) {
         map.insert(
             (
                 r.kind,
@@ -439,6 +440,8 @@ mod tests {
             t.record(Duration::from_micros(us), Ok(()));
         }
         let p = Params {
+            mode: Mode::Unary,
+            stream_len: None,
             size,
             concurrency: c,
             connections: 1,

@@ -1,5 +1,5 @@
-//! The measured run: unary echo calls against an rdma-rpc server embedded in
-//! this process.
+//! The measured run: unary echo calls, or the messages of echo's server
+//! streams, against an rdma-rpc server embedded in this process.
 //!
 //! # How concurrency is generated
 //!
@@ -21,18 +21,28 @@
 //! to its decoded reply; building the request payload and checking the
 //! echo happen outside it, but inside the wall-clock time that `rps` is
 //! computed from, as they are for every baseline.
+//!
+//! # Streams
+//!
+//! In stream mode ([`drive_streams`]) the lanes are the same, each reading
+//! echo `Stream` calls to the end instead of making unary calls (see
+//! [`crate::stream`] for how messages are split into streams and checked);
+//! at concurrency 1 the stream is read with its blocking iterator, as a
+//! synchronous caller does.
 
-use crate::measure::{Bench, Kind, Measurement, Params, Tally, interleave};
+use crate::measure::{Bench, Kind, Measurement, Mode, Params, Tally, interleave};
 use crate::payload;
-use examples::echo::EchoRequest;
+use crate::stream::{Chunks, Consumer};
 use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::EchoServer;
+use examples::echo::{EchoRequest, StreamRequest};
 use examples::services::EchoService;
 use rpc_core::{Channel, Server, ServerHandle};
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
-/// Longest a single call may take before it counts as failed.
+/// Longest a single unary call may take before it counts as failed
+/// (streams run without a deadline).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What to run (see [`crate::Options`], of which this is the part the
@@ -65,8 +75,7 @@ pub struct RpcBench {
     clients: Vec<EchoClient>,
     server: Option<ServerHandle>,
     url: String,
-    size: usize,
-    concurrency: usize,
+    params: Params,
 }
 
 impl RpcBench {
@@ -77,7 +86,14 @@ impl RpcBench {
         let url = server.local_url().to_owned();
         let mut clients = Vec::with_capacity(run.params.connections);
         for _ in 0..run.params.connections.max(1) {
-            let mut builder = Channel::builder(&url).timeout(CALL_TIMEOUT);
+            let mut builder = Channel::builder(&url);
+            // A unary call that hangs fails after CALL_TIMEOUT. A stream gets
+            // the default, no deadline: it lasts a whole round, which may
+            // take longer than any fixed limit (64 KiB messages in an
+            // emulated guest).
+            if run.params.mode == Mode::Unary {
+                builder = builder.timeout(CALL_TIMEOUT);
+            }
             if let Some(spin) = run.spin {
                 builder = builder.spin(spin);
             }
@@ -90,8 +106,7 @@ impl RpcBench {
             clients,
             server: Some(server),
             url,
-            size: run.params.size,
-            concurrency: run.params.concurrency,
+            params: run.params,
         })
     }
 
@@ -108,7 +123,13 @@ impl RpcBench {
 
 impl Bench for RpcBench {
     fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
-        drive(&self.clients, self.size, first, calls, self.concurrency)
+        let p = &self.params;
+        match p.mode {
+            Mode::Unary => drive(&self.clients, p.size, first, calls, p.concurrency),
+            Mode::Stream => {
+                drive_streams(&self.clients, p.size, calls, p.concurrency, p.stream_len)
+            }
+        }
     }
 }
 
@@ -191,4 +212,72 @@ pub fn drive(
     let start = Instant::now();
     futures::executor::block_on(futures::future::join_all(lanes));
     (tally.into_inner(), start.elapsed())
+}
+
+/// Reads `messages` messages of `size` bytes from echo `Stream` calls,
+/// `concurrency` streams at a time (`stream_len` messages each, see
+/// [`Chunks`]), on this thread; returns what they measured and the
+/// wall-clock time.
+pub fn drive_streams(
+    clients: &[EchoClient],
+    size: usize,
+    messages: u64,
+    concurrency: usize,
+    stream_len: Option<u64>,
+) -> (Tally, Duration) {
+    let chunks = Chunks::new(messages, concurrency, stream_len);
+    let request = |count| StreamRequest {
+        count,
+        size: size as u32,
+    };
+    let mut tally = Tally::default();
+    if concurrency <= 1 {
+        // One stream at a time, read with the blocking iterator.
+        let start = Instant::now();
+        let mut streams = 0;
+        while let Some(count) = chunks.take() {
+            let client = &clients[streams % clients.len()];
+            streams += 1;
+            let mut consumer = Consumer::start(&mut tally, size, count);
+            let mut outcome = Ok(());
+            for reply in client.stream(request(count)) {
+                match reply {
+                    Ok(reply) => consumer.message(&reply.payload),
+                    Err(status) => {
+                        outcome = Err(status.to_string());
+                        break;
+                    }
+                }
+            }
+            consumer.end(outcome);
+        }
+        return (tally, start.elapsed());
+    }
+    let lanes = (0..concurrency).map(|lane| {
+        let client = &clients[lane % clients.len()];
+        let chunks = &chunks;
+        async move {
+            let mut tally = Tally::default();
+            while let Some(count) = chunks.take() {
+                let mut consumer = Consumer::start(&mut tally, size, count);
+                let mut stream = client.stream(request(count));
+                let outcome = loop {
+                    match stream.message().await {
+                        Ok(Some(reply)) => consumer.message(&reply.payload),
+                        Ok(None) => break Ok(()),
+                        Err(status) => break Err(status.to_string()),
+                    }
+                };
+                consumer.end(outcome);
+            }
+            tally
+        }
+    });
+    let start = Instant::now();
+    let tallies = futures::executor::block_on(futures::future::join_all(lanes));
+    let elapsed = start.elapsed();
+    for t in tallies {
+        tally.merge(t);
+    }
+    (tally, elapsed)
 }

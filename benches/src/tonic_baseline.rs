@@ -8,12 +8,19 @@
 //! [`crate::rpc::drive`], spread round-robin over `connections` HTTP/2
 //! connections. TCP_NODELAY is on at both ends (tonic's client default,
 //! set on the server too).
+//!
+//! In stream mode the client tasks read echo `Stream` calls instead, as
+//! [`crate::rpc::drive_streams`]'s lanes do, and the server produces the
+//! replies the way ours does: [`StreamPayloads`] as a stream that is
+//! always ready (`futures::stream::iter`).
 
-use crate::measure::{Bench, Kind, Measurement, Params, Tally, interleave};
+use crate::measure::{Bench, Kind, Measurement, Mode, Params, Tally, interleave};
 use crate::payload;
+use crate::stream::{Chunks, Consumer};
+use examples::services::StreamPayloads;
 use pb::echo_client::EchoClient;
 use pb::echo_server::{Echo, EchoServer};
-use pb::{EchoReply, EchoRequest};
+use pb::{EchoReply, EchoRequest, StreamRequest};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -25,9 +32,15 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/tonic/echo.rs"));
 }
 
-/// The echo service, tonic flavour: returns the payload it receives.
+/// The echo service, tonic flavour: returns the payload it receives, and
+/// streams like [`examples::services::EchoService`].
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TonicEcho;
+
+/// The replies of a tonic `Stream` call.
+pub type TonicReplies = futures::stream::Iter<
+    std::iter::Map<StreamPayloads, fn(Vec<u8>) -> Result<EchoReply, tonic::Status>>,
+>;
 
 #[tonic::async_trait]
 impl Echo for TonicEcho {
@@ -39,6 +52,25 @@ impl Echo for TonicEcho {
             payload: request.into_inner().payload,
         }))
     }
+
+    type StreamStream = TonicReplies;
+
+    async fn stream(
+        &self,
+        request: tonic::Request<StreamRequest>,
+    ) -> Result<tonic::Response<TonicReplies>, tonic::Status> {
+        let StreamRequest { count, size } = request.into_inner();
+        if size > examples::services::MAX_STREAM_REPLY {
+            return Err(tonic::Status::invalid_argument(format!(
+                "replies of {size} bytes are too large"
+            )));
+        }
+        let reply: fn(Vec<u8>) -> Result<EchoReply, tonic::Status> =
+            |payload| Ok(EchoReply { payload });
+        Ok(tonic::Response::new(futures::stream::iter(
+            StreamPayloads::new(count, size as usize).map(reply),
+        )))
+    }
 }
 
 /// The tonic side, set up: the runtime, the server task and the connected
@@ -49,8 +81,7 @@ pub struct TonicBench {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
     addr: std::net::SocketAddr,
-    size: usize,
-    concurrency: usize,
+    params: Params,
 }
 
 impl TonicBench {
@@ -62,6 +93,7 @@ impl TonicBench {
             .build()
             .map_err(|e| format!("tonic baseline: cannot start a tokio runtime: {e}"))?;
         let connections = params.connections.max(1);
+        let mode = params.mode;
         let (addr, stop, server, clients) = rt.block_on(async move {
             let incoming = tonic::transport::server::TcpIncoming::bind(
                 "127.0.0.1:0".parse().expect("address"),
@@ -81,10 +113,14 @@ impl TonicBench {
             );
             let mut clients = Vec::new();
             for _ in 0..connections {
-                let channel: Channel = Endpoint::from_shared(format!("http://{addr}"))
+                let mut endpoint = Endpoint::from_shared(format!("http://{addr}"))
                     .map_err(|e| format!("tonic baseline: bad endpoint: {e}"))?
-                    .tcp_nodelay(true)
-                    .timeout(crate::rpc::CALL_TIMEOUT)
+                    .tcp_nodelay(true);
+                // As on our side: streams run without a deadline.
+                if mode == Mode::Unary {
+                    endpoint = endpoint.timeout(crate::rpc::CALL_TIMEOUT);
+                }
+                let channel: Channel = endpoint
                     .connect()
                     .await
                     .map_err(|e| format!("tonic baseline: cannot connect to {addr}: {e}"))?;
@@ -103,8 +139,7 @@ impl TonicBench {
             stop: Some(stop),
             server: Some(server),
             addr,
-            size: params.size,
-            concurrency: params.concurrency,
+            params: *params,
         })
     }
 
@@ -116,13 +151,20 @@ impl TonicBench {
 
 impl Bench for TonicBench {
     fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
-        self.rt.block_on(drive(
-            &self.clients,
-            self.size,
-            first,
-            calls,
-            self.concurrency,
-        ))
+        let p = &self.params;
+        match p.mode {
+            Mode::Unary => {
+                self.rt
+                    .block_on(drive(&self.clients, p.size, first, calls, p.concurrency))
+            }
+            Mode::Stream => self.rt.block_on(drive_streams(
+                &self.clients,
+                p.size,
+                calls,
+                p.concurrency,
+                p.stream_len,
+            )),
+        }
     }
 }
 
@@ -186,17 +228,62 @@ async fn drive(
             })
         })
         .collect();
+    (join(tasks).await, start.elapsed())
+}
+
+/// The stream mode's lanes: `concurrency` tasks reading echo `Stream`
+/// calls until `messages` messages were asked for.
+async fn drive_streams(
+    clients: &[EchoClient<Channel>],
+    size: usize,
+    messages: u64,
+    concurrency: usize,
+    stream_len: Option<u64>,
+) -> (Tally, Duration) {
+    let chunks = Arc::new(Chunks::new(messages, concurrency, stream_len));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency.max(1))
+        .map(|lane| {
+            let mut client = clients[lane % clients.len()].clone();
+            let chunks = chunks.clone();
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                while let Some(count) = chunks.take() {
+                    let mut consumer = Consumer::start(&mut tally, size, count);
+                    let request = StreamRequest {
+                        count,
+                        size: size as u32,
+                    };
+                    let outcome = match client.stream(request).await {
+                        Ok(response) => {
+                            let mut stream = response.into_inner();
+                            loop {
+                                match stream.message().await {
+                                    Ok(Some(reply)) => consumer.message(&reply.payload),
+                                    Ok(None) => break Ok(()),
+                                    Err(status) => break Err(status.to_string()),
+                                }
+                            }
+                        }
+                        Err(status) => Err(status.to_string()),
+                    };
+                    consumer.end(outcome);
+                }
+                tally
+            })
+        })
+        .collect();
+    (join(tasks).await, start.elapsed())
+}
+
+/// Adds up the tallies of the client tasks.
+async fn join(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
     let mut total = Tally::default();
     for task in tasks {
         match task.await {
             Ok(t) => total.merge(t),
-            Err(e) => {
-                total.errors += 1;
-                total
-                    .first_error
-                    .get_or_insert(format!("client task failed: {e}"));
-            }
+            Err(e) => total.record_failures(1, format!("client task failed: {e}")),
         }
     }
-    (total, start.elapsed())
+    total
 }

@@ -1,19 +1,24 @@
 //! Implementations of the example services: an in-memory key-value store
 //! and an echo service. The binaries and the tests serve these.
 
-use crate::echo::{EchoReply, EchoRequest, echo_server::Echo};
+use crate::echo::{EchoReply, EchoRequest, StreamRequest, echo_server::Echo};
 use crate::kv::{
     DeleteReply, DeleteRequest, Entry, GetReply, GetRequest, PutReply, PutRequest, ScanReply,
     ScanRequest, kv_server::Kv,
 };
+use rpc_core::codegen::Stream;
 use rpc_core::{Request, Response, Status};
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::RwLock;
+use std::task::{Context, Poll};
 
 /// Most entries one Scan returns when the request sets no limit.
 pub const DEFAULT_SCAN_LIMIT: usize = 1000;
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 4096;
+/// Largest reply an echo `Stream` call may ask for, bytes.
+pub const MAX_STREAM_REPLY: u32 = 16 << 20;
 
 /// An in-memory, ordered key-value store.
 #[derive(Debug, Default)]
@@ -124,5 +129,94 @@ impl Echo for EchoService {
         let metadata = request.metadata().clone();
         let payload = request.into_inner().payload;
         Ok(Response::from_parts(metadata, EchoReply { payload }))
+    }
+
+    type StreamStream = Replies;
+
+    async fn stream(&self, request: Request<StreamRequest>) -> Result<Response<Replies>, Status> {
+        let StreamRequest { count, size } = request.into_inner();
+        if size > MAX_STREAM_REPLY {
+            return Err(Status::invalid_argument(format!(
+                "replies of {size} bytes exceed {MAX_STREAM_REPLY}"
+            )));
+        }
+        Ok(Response::new(Replies(StreamPayloads::new(
+            count,
+            size as usize,
+        ))))
+    }
+}
+
+/// The payloads of an echo `Stream` call, in order: `count` of `size`
+/// bytes, each a copy of one zeroed template with its index written over
+/// the first (up to) eight bytes. A copy costs an allocation and a
+/// `memcpy` of `size` bytes per message (`EchoReply` owns its `Vec<u8>`),
+/// which is what any producer of fresh messages pays.
+#[derive(Debug, Clone)]
+pub struct StreamPayloads {
+    template: Vec<u8>,
+    next: u64,
+    count: u64,
+}
+
+impl StreamPayloads {
+    /// The `count` payloads of `size` bytes.
+    pub fn new(count: u64, size: usize) -> StreamPayloads {
+        StreamPayloads {
+            template: vec![0; size],
+            next: 0,
+            count,
+        }
+    }
+
+    /// Whether `payload` is the one at `index` of a stream of `size`-byte
+    /// payloads (its length and index; the zeros are not looked at).
+    pub fn matches(payload: &[u8], size: usize, index: u64) -> bool {
+        if payload.len() != size {
+            return false;
+        }
+        match payload.first_chunk::<8>() {
+            Some(head) => u64::from_le_bytes(*head) == index,
+            None => payload[..] == index.to_le_bytes()[..size],
+        }
+    }
+}
+
+impl Iterator for StreamPayloads {
+    type Item = Vec<u8>;
+
+    fn next(&mut self) -> Option<Vec<u8>> {
+        if self.next >= self.count {
+            return None;
+        }
+        let mut payload = self.template.clone();
+        let n = payload.len().min(8);
+        payload[..n].copy_from_slice(&self.next.to_le_bytes()[..n]);
+        self.next += 1;
+        Some(payload)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match usize::try_from(self.count - self.next) {
+            Ok(left) => (left, Some(left)),
+            Err(_) => (usize::MAX, None),
+        }
+    }
+}
+
+/// The response stream of [`EchoService`]'s `Stream`: [`StreamPayloads`] as
+/// `EchoReply`s, every one ready at once.
+#[derive(Debug, Clone)]
+pub struct Replies(pub StreamPayloads);
+
+impl Stream for Replies {
+    type Item = Result<EchoReply, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Poll::Ready(self.0.next().map(|payload| Ok(EchoReply { payload })))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
     }
 }

@@ -37,7 +37,7 @@ fn method_names(descriptor: &ServiceDescriptor) -> Vec<&'static str> {
 #[test]
 fn descriptors_name_services_and_rpcs_in_proto_order() {
     let expected: [(&str, &[&str]); 9] = [
-        ("echo.Echo", &["Echo"]),
+        ("echo.Echo", &["Echo", "Stream"]),
         ("kv.Kv", &["Put", "Get", "Delete", "Scan"]),
         ("acme.common.Admin", &[]),
         ("acme.common.Health", &["Check"]),

@@ -129,6 +129,16 @@ impl Echo for Steered {
         reply.metadata_mut().insert("ran", ran.as_str()).unwrap();
         Ok(reply)
     }
+
+    type StreamStream = examples::services::Replies;
+
+    /// Streams like [`examples::services::EchoService`].
+    async fn stream(
+        &self,
+        request: Request<examples::echo::StreamRequest>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        examples::services::EchoService.stream(request).await
+    }
 }
 
 impl Steered {

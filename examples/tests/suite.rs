@@ -8,11 +8,11 @@ mod common;
 use common::*;
 use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::EchoServer;
-use examples::echo::{EchoReply, EchoRequest};
+use examples::echo::{EchoReply, EchoRequest, StreamRequest};
 use examples::kv::kv_client::KvClient;
 use examples::kv::kv_server::KvServer;
 use examples::kv::{DeleteRequest, Entry, GetRequest, PutRequest, ScanRequest};
-use examples::services::{EchoService, KvStore};
+use examples::services::{EchoService, KvStore, MAX_STREAM_REPLY, StreamPayloads};
 use rpc_core::testing::protocol::{ALIGN, HEADER_LEN};
 use rpc_core::{Channel, Code, Request, Response, Server, Status};
 use std::time::{Duration, Instant};
@@ -99,6 +99,26 @@ on_every_fabric! {
         check_echo(&echo, b"hello".to_vec(), &[("tenant", b"blue")]);
         check_echo(&echo, pattern(3000, 1), &[("a", b""), ("trace-bin", &[0, 255, 1, 254])]);
         check_echo(&echo, vec![0; 100_000], &[("x", &[7; 1000])]);
+
+        // Stream: `count` replies of `size` bytes, each its index, then zeros.
+        for (count, size) in [(0, 10), (5, 0), (3, 3), (100, 1000)] {
+            let replies: Vec<Vec<u8>> = echo
+                .stream(StreamRequest { count, size })
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|e| panic!("stream of {count}: {e}")).payload)
+                .collect();
+            assert_eq!(replies.len(), count as usize);
+            for (i, p) in replies.iter().enumerate() {
+                assert!(StreamPayloads::matches(p, size as usize, i as u64), "reply {i}");
+                assert!(p.iter().skip(8).all(|&b| b == 0), "reply {i}");
+            }
+        }
+        let too_large = StreamRequest { count: 1, size: MAX_STREAM_REPLY + 1 };
+        let refused = echo.stream(too_large).into_iter().next();
+        assert_eq!(
+            refused.map(|r| r.map(drop).unwrap_err().code()),
+            Some(Code::InvalidArgument)
+        );
 
         let kv = KvClient::new(ch);
         // Put and get; replacing reports it; absent keys read as None.

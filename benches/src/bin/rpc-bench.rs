@@ -1,9 +1,10 @@
-//! `rpc-bench`: unary echo calls against an embedded server, against a
-//! baseline measured in the same invocation. See `rpc-bench --help`, and
+//! `rpc-bench`: unary echo calls (or, with `--stream`, the messages of
+//! server streams) against an embedded server, against a baseline measured
+//! in the same invocation. See `rpc-bench --help`, and
 //! the `benches` crate docs for how each side is driven.
 
 use benches::channel_baseline::ChannelBench;
-use benches::measure::{Bench, Kind, Measurement, Params, interleave, rounds_for};
+use benches::measure::{Bench, Kind, Measurement, Mode, Params, interleave, rounds_for};
 use benches::rpc::{RpcBench, RpcRun};
 use benches::tonic_baseline::TonicBench;
 use benches::{Baseline, Options, cli, perftest};
@@ -28,6 +29,8 @@ fn main() {
 /// the exit code.
 fn run(o: &Options) -> i32 {
     let params = Params {
+        mode: if o.stream { Mode::Stream } else { Mode::Unary },
+        stream_len: o.stream_len,
         size: o.size,
         concurrency: o.concurrency,
         connections: o.connections,

@@ -322,6 +322,16 @@ impl Echo for TestEcho {
         let payload = request.into_inner().payload;
         Ok(Response::from_parts(metadata, EchoReply { payload }))
     }
+
+    type StreamStream = examples::services::Replies;
+
+    /// Streams like [`examples::services::EchoService`].
+    async fn stream(
+        &self,
+        request: Request<examples::echo::StreamRequest>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        examples::services::EchoService.stream(request).await
+    }
 }
 
 /// Wraps a service to record, in the probe, each call once it is fully

@@ -15,6 +15,17 @@ pub struct EchoReply {
     #[prost(bytes = "vec", tag = "1")]
     pub payload: ::rpc_core::codegen::prost::alloc::vec::Vec<u8>,
 }
+/// What to stream.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::rpc_core::codegen::prost::Message)]
+#[prost(prost_path = "::rpc_core::codegen::prost")]
+pub struct StreamRequest {
+    /// How many replies to send.
+    #[prost(uint64, tag = "1")]
+    pub count: u64,
+    /// Payload bytes of each reply.
+    #[prost(uint32, tag = "2")]
+    pub size: u32,
+}
 /// Generated client for `echo.Echo`.
 ///
 /// Returns what it receives.
@@ -50,6 +61,20 @@ pub mod echo_client {
                 request.into_request(),
             )
         }
+        /// Streams `count` replies of `size` bytes each: the server-streaming
+        /// counterpart of Echo, for measuring streams. Each reply's payload starts
+        /// with its index in the stream (0, 1, ...) as a little-endian 64-bit
+        /// integer, cut to `size` bytes if shorter; the other bytes are zero.
+        pub fn stream(
+            &self,
+            request: impl ::rpc_core::codegen::IntoRequest<super::StreamRequest>,
+        ) -> ::rpc_core::codegen::Streaming<super::EchoReply> {
+            ::rpc_core::codegen::server_streaming(
+                &self.inner,
+                &super::echo_server::DESCRIPTOR.methods[1],
+                request.into_request(),
+            )
+        }
     }
 }
 /// Generated server for `echo.Echo`.
@@ -73,6 +98,28 @@ pub mod echo_server {
                 ::rpc_core::codegen::Status,
             >,
         > + ::core::marker::Send;
+        /// The stream of responses of `Stream`.
+        type StreamStream: ::rpc_core::codegen::Stream<
+                Item = ::core::result::Result<
+                    super::EchoReply,
+                    ::rpc_core::codegen::Status,
+                >,
+            >
+            + ::core::marker::Send
+            + 'static;
+        /// Streams `count` replies of `size` bytes each: the server-streaming
+        /// counterpart of Echo, for measuring streams. Each reply's payload starts
+        /// with its index in the stream (0, 1, ...) as a little-endian 64-bit
+        /// integer, cut to `size` bytes if shorter; the other bytes are zero.
+        fn stream(
+            &self,
+            request: ::rpc_core::codegen::Request<super::StreamRequest>,
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<
+                ::rpc_core::codegen::Response<Self::StreamStream>,
+                ::rpc_core::codegen::Status,
+            >,
+        > + ::core::marker::Send;
     }
     /// Descriptor of `echo.Echo`: name, rpcs and their stable ids.
     pub static DESCRIPTOR: ::rpc_core::codegen::ServiceDescriptor = ::rpc_core::codegen::ServiceDescriptor {
@@ -83,6 +130,12 @@ pub mod echo_server {
                 path: "/echo.Echo/Echo",
                 id: 0x0274_1ef6,
                 kind: ::rpc_core::codegen::MethodKind::Unary,
+            },
+            ::rpc_core::codegen::MethodDescriptor {
+                name: "Stream",
+                path: "/echo.Echo/Stream",
+                id: 0xaabc_2fcf,
+                kind: ::rpc_core::codegen::MethodKind::ServerStreaming,
             },
         ],
     };
@@ -128,6 +181,12 @@ pub mod echo_server {
                     let inner = ::std::sync::Arc::clone(&self.inner);
                     call.unary_async(move |request| async move {
                         T::echo(&inner, request).await
+                    })
+                }
+                0xaabc_2fcf => {
+                    let inner = ::std::sync::Arc::clone(&self.inner);
+                    call.server_streaming(move |request| async move {
+                        T::stream(&inner, request).await
                     })
                 }
                 _ => call.unimplemented(),
