@@ -682,6 +682,10 @@ impl CallOwner for Channel {
     fn progress(&self) -> bool {
         self.try_progress()
     }
+
+    fn ensure_polled(&self) {
+        Channel::ensure_polled(self);
+    }
 }
 
 /// The client's side of one dispatcher: completes the calls of every

@@ -586,6 +586,9 @@ pub(crate) trait CallOwner: Send + Sync {
     fn release(&self, call_id: CallId);
     /// Handles completions on this thread if nobody else is; true if it did.
     fn progress(&self) -> bool;
+    /// The caller stops handling completions and waits to be woken: the
+    /// dispatcher thread must take over (it naps while callers poll).
+    fn ensure_polled(&self);
 }
 
 /// The incoming messages of a stream: a [`futures_core::Stream`] of
@@ -694,12 +697,21 @@ impl<T> Streaming<T> {
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {
+                    let Some(owner) = &self.owner else {
+                        return Poll::Pending;
+                    };
                     // Nothing yet: handle completions on this thread once if
                     // nobody else is (saves a wake-up from the dispatcher).
-                    if polled_queue || !self.owner.as_ref().is_some_and(|o| o.progress()) {
-                        return Poll::Pending;
+                    if !polled_queue && owner.progress() {
+                        polled_queue = true;
+                        continue;
                     }
-                    polled_queue = true;
+                    // Still nothing: the dispatcher thread, which naps
+                    // while callers poll, must deliver the next message.
+                    if polled_queue {
+                        owner.ensure_polled();
+                    }
+                    return Poll::Pending;
                 }
             }
         }
