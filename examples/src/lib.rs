@@ -4,6 +4,7 @@
 //! each protobuf package becomes a module here through
 //! `rpc_core::include_proto!`.
 
+pub mod cli;
 pub mod route_guide;
 pub mod services;
 pub mod workload;

@@ -308,17 +308,7 @@ impl Executor {
 /// waits. A panic inside is caught: its message is kept for the call's
 /// answer (see [`take_panic_message`]) and the future dropped.
 pub(crate) fn block_on<F: Future<Output = ()> + Send>(future: F) {
-    struct Unpark(std::thread::Thread, AtomicBool);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.wake_by_ref();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.1.store(true, Ordering::Release);
-            self.0.unpark();
-        }
-    }
-    let unpark = Arc::new(Unpark(std::thread::current(), AtomicBool::new(false)));
+    let unpark = Unpark::current();
     let waker = Waker::from(unpark.clone());
     let mut cx = Context::from_waker(&waker);
     let mut boxed: Pin<Box<Option<F>>> = Box::pin(Some(future));
@@ -327,9 +317,34 @@ pub(crate) fn block_on<F: Future<Output = ()> + Send>(future: F) {
             boxed.set(None);
             return;
         }
-        while !unpark.1.swap(false, Ordering::AcqRel) {
+        unpark.park();
+    }
+}
+
+/// Wakes a thread parked in [`Unpark::park`].
+struct Unpark(std::thread::Thread, AtomicBool);
+
+impl Unpark {
+    /// A waker for the calling thread.
+    fn current() -> Arc<Unpark> {
+        Arc::new(Unpark(std::thread::current(), AtomicBool::new(false)))
+    }
+
+    /// Parks the calling thread until woken (at once if it was already).
+    fn park(&self) {
+        while !self.1.swap(false, Ordering::AcqRel) {
             std::thread::park();
         }
+    }
+}
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.1.store(true, Ordering::Release);
+        self.0.unpark();
     }
 }
 
@@ -337,17 +352,7 @@ pub(crate) fn block_on<F: Future<Output = ()> + Send>(future: F) {
 /// output, parking the thread while it waits (the blocking forms of
 /// streams and streaming calls). A panic propagates to the caller.
 pub(crate) fn wait_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread, AtomicBool);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.wake_by_ref();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.1.store(true, Ordering::Release);
-            self.0.unpark();
-        }
-    }
-    let unpark = Arc::new(Unpark(std::thread::current(), AtomicBool::new(false)));
+    let unpark = Unpark::current();
     let waker = Waker::from(unpark.clone());
     let mut cx = Context::from_waker(&waker);
     let mut future = std::pin::pin!(future);
@@ -355,9 +360,7 @@ pub(crate) fn wait_on<F: Future>(future: F) -> F::Output {
         if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
             return v;
         }
-        while !unpark.1.swap(false, Ordering::AcqRel) {
-            std::thread::park();
-        }
+        unpark.park();
     }
 }
 

@@ -9,6 +9,7 @@
 //! kv-client --connect tcp://127.0.0.1:7471 health kv.Kv
 //! ```
 
+use examples::cli::{fail, parse, take_opt};
 use examples::kv::kv_client::KvClient;
 use examples::kv::{DeleteRequest, GetRequest, PutRequest, ScanRequest};
 use examples::workload;
@@ -140,23 +141,4 @@ fn main() {
         eprintln!("kv-client: {command} failed: {status}");
         std::process::exit(1);
     }
-}
-
-fn take_opt(args: &mut Vec<String>, name: &str) -> Option<String> {
-    let i = args.iter().position(|a| a == name)?;
-    if i + 1 >= args.len() {
-        fail(&format!("{name} needs a value"));
-    }
-    args.remove(i);
-    Some(args.remove(i))
-}
-
-fn parse(v: &str, name: &str) -> u64 {
-    v.parse()
-        .unwrap_or_else(|_| fail(&format!("{name}: {v:?} is not a number")))
-}
-
-fn fail(msg: &str) -> ! {
-    eprintln!("{msg}");
-    std::process::exit(2)
 }

@@ -10,6 +10,7 @@
 //! 10) points of the database picked with seed `S` (default 1); RouteChat
 //! with six notes at three places.
 
+use examples::cli::{fail, parse, take_opt};
 use examples::route_guide::{self, GRID_ORIGIN, GRID_STEP};
 use examples::routeguide::route_guide_client::RouteGuideClient;
 use examples::routeguide::{Point, Rectangle, RouteNote};
@@ -200,23 +201,4 @@ impl fmt::Display for At {
             degrees(self.0.longitude)
         )
     }
-}
-
-fn take_opt(args: &mut Vec<String>, name: &str) -> Option<String> {
-    let i = args.iter().position(|a| a == name)?;
-    if i + 1 >= args.len() {
-        fail(&format!("{name} needs a value"));
-    }
-    args.remove(i);
-    Some(args.remove(i))
-}
-
-fn parse(v: &str, name: &str) -> u64 {
-    v.parse()
-        .unwrap_or_else(|_| fail(&format!("{name}: {v:?} is not a number")))
-}
-
-fn fail(msg: &str) -> ! {
-    eprintln!("{msg}");
-    std::process::exit(2)
 }
