@@ -447,7 +447,6 @@ impl Channel {
             call_id: id,
             method_id: 0,
             first_metadata: None,
-            sent_any: false,
         };
         let pump = pump(outbox);
         let owner: Arc<dyn CallOwner> = Arc::new(self.clone());
@@ -533,30 +532,41 @@ impl<F: Fabric> Client<F> {
         Ok(Client { ep, conn })
     }
 
+    /// `Unavailable` once the connection has failed.
+    fn ensure_alive(&self) -> Result<(), Status> {
+        if self.conn.is_alive() {
+            return Ok(());
+        }
+        Err(Status::unavailable(format!(
+            "connection closed: {}",
+            self.conn.death().unwrap_or_default()
+        )))
+    }
+
+    /// Enters a call into the dispatcher's table, with its deadline if it
+    /// has a timeout (and makes the dispatcher wake for it).
+    fn register(&self, waiter: Waiter, timeout: Option<Duration>) -> CallId {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let call = Call {
+            waiter,
+            qp_num: self.conn.qp_num,
+        };
+        let id = self.ep.role.calls().insert(call, deadline);
+        if let Some(at) = deadline {
+            self.ep.wake_by(at);
+        }
+        id
+    }
+
     fn start<Req: prost::Message>(
         &self,
         method_id: u32,
         request: &Request<Req>,
         timeout: Option<Duration>,
     ) -> Result<(CallId, Arc<CallSlot>), Status> {
-        if !self.conn.is_alive() {
-            return Err(Status::unavailable(format!(
-                "connection closed: {}",
-                self.conn.death().unwrap_or_default()
-            )));
-        }
+        self.ensure_alive()?;
         let slot = self.ep.role.take_slot();
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let id = self.ep.role.calls().insert(
-            Call {
-                waiter: Waiter::Unary(slot.clone()),
-                qp_num: self.conn.qp_num,
-            },
-            deadline,
-        );
-        if let Some(at) = deadline {
-            self.ep.wake_by(at);
-        }
+        let id = self.register(Waiter::Unary(slot.clone()), timeout);
         let message = request.get_ref();
         let frame = OutFrame {
             kind: FrameKind::Request,
@@ -593,28 +603,14 @@ impl<F: Fabric> Client<F> {
         first: Option<&Req>,
         final_message: bool,
     ) -> Result<(CallId, Arc<StreamCore>), Status> {
-        if !self.conn.is_alive() {
-            return Err(Status::unavailable(format!(
-                "connection closed: {}",
-                self.conn.death().unwrap_or_default()
-            )));
-        }
+        self.ensure_alive()?;
         // Only a client-streaming call's responses are not a stream.
         let core = StreamCore::new(DEFAULT_WINDOW, !final_message);
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let id = self.ep.role.calls().insert(
-            Call {
-                waiter: Waiter::Stream {
-                    core: core.clone(),
-                    final_message,
-                },
-                qp_num: self.conn.qp_num,
-            },
-            deadline,
-        );
-        if let Some(at) = deadline {
-            self.ep.wake_by(at);
-        }
+        let waiter = Waiter::Stream {
+            core: core.clone(),
+            final_message,
+        };
+        let id = self.register(waiter, timeout);
         let frame = OutFrame {
             kind: FrameKind::Request,
             call_id: id,

@@ -156,14 +156,39 @@ impl ServerCall {
         }
     }
 
+    /// Answers `DeadlineExceeded` if the call's deadline passed before its
+    /// handler ran; true if it did.
+    fn answer_if_expired(&mut self) -> bool {
+        let expired = self.deadline.is_some_and(|d| Instant::now() >= d);
+        if expired {
+            self.answer_err(&Status::deadline_exceeded(
+                "deadline passed before the handler ran",
+            ));
+        }
+        expired
+    }
+
+    /// The stream and connection of a streaming call; answers `Internal`
+    /// (and returns `None`) if the call is not a stream, which only a
+    /// hand-written service whose descriptor disagrees with it can cause.
+    fn stream_parts(&mut self) -> Option<(Arc<StreamCore>, Arc<dyn Link>)> {
+        match (self.core.clone(), self.sink.clone()) {
+            (Some(core), Some(sink)) => Some((core, sink)),
+            _ => {
+                self.answer_err(&Status::internal(
+                    "a streaming handler was given a call that is not a stream: check the \
+                     service's descriptor",
+                ));
+                None
+            }
+        }
+    }
+
     /// Checks the deadline and decodes the request as `Req`; answers the
     /// call itself (`DeadlineExceeded`, `InvalidArgument`) and returns
     /// `None` when the handler must not run.
     fn take_request<Req: prost::Message + Default>(&mut self) -> Option<Request<Req>> {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            self.answer_err(&Status::deadline_exceeded(
-                "deadline passed before the handler ran",
-            ));
+        if self.answer_if_expired() {
             return None;
         }
         let decoded = Req::decode(&self.payload[..]);
@@ -240,19 +265,7 @@ impl ServerCall {
         let Some(request) = self.take_request::<Req>() else {
             return;
         };
-        let future = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
-            Ok(future) => future,
-            Err(panic) => return self.reply_panic(&*panic),
-        };
-        let mut call = self;
-        run_task(async move {
-            // A handler that has to wait can hear of a cancel from then on.
-            let result = run_handler(future, || call.register_unary()).await;
-            match result {
-                Ok(result) => call.reply(result),
-                Err(panic) => call.reply_panic(&*panic),
-            }
-        });
+        self.respond_once(request, handler);
     }
 
     /// Like [`ServerCall::unary_async`], for a server-streaming method:
@@ -286,18 +299,7 @@ impl ServerCall {
         let Some(request) = self.take_streaming_request::<Req>() else {
             return;
         };
-        let future = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
-            Ok(future) => future,
-            Err(panic) => return self.reply_panic(&*panic),
-        };
-        let call = self;
-        run_task(async move {
-            let result = run_handler(future, || {}).await;
-            match result {
-                Ok(result) => call.reply(result),
-                Err(panic) => call.reply_panic(&*panic),
-            }
-        });
+        self.respond_once(request, handler);
     }
 
     /// Like [`ServerCall::server_streaming`], for a bidirectional method:
@@ -321,19 +323,10 @@ impl ServerCall {
     /// messages arrive on the call's stream. `None` if the call was
     /// answered instead (deadline passed, not a stream).
     fn take_streaming_request<Req>(&mut self) -> Option<Request<Streaming<Req>>> {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            self.answer_err(&Status::deadline_exceeded(
-                "deadline passed before the handler ran",
-            ));
+        if self.answer_if_expired() {
             return None;
         }
-        let (Some(core), Some(sink)) = (self.core.clone(), self.sink.clone()) else {
-            self.answer_err(&Status::internal(
-                "a streaming handler was given a call that is not a stream: check the \
-                 service's descriptor",
-            ));
-            return None;
-        };
+        let (core, sink) = self.stream_parts()?;
         sink.recycle(std::mem::take(&mut self.payload));
         let signal = core.signal.clone();
         let stream = Streaming::new(core, sink, self.call_id, None, None);
@@ -343,6 +336,30 @@ impl ServerCall {
             self.deadline,
             Some(signal),
         ))
+    }
+
+    /// Runs a handler that answers once (unary and client-streaming
+    /// methods) and sends its answer.
+    fn respond_once<Req, Resp, Fut, F>(self, request: Request<Req>, handler: F)
+    where
+        Resp: prost::Message + 'static,
+        Fut: Future<Output = Result<Response<Resp>, Status>> + Send + 'static,
+        F: FnOnce(Request<Req>) -> Fut,
+    {
+        let future = match catch_unwind(AssertUnwindSafe(|| handler(request))) {
+            Ok(future) => future,
+            Err(panic) => return self.reply_panic(&*panic),
+        };
+        let mut call = self;
+        run_task(async move {
+            // A unary handler that has to wait can hear of a cancel from
+            // then on (a stream's call is registered already).
+            let result = run_handler(future, || call.register_unary()).await;
+            match result {
+                Ok(result) => call.reply(result),
+                Err(panic) => call.reply_panic(&*panic),
+            }
+        });
     }
 
     /// Runs a handler whose response is a stream, then sends the stream.
@@ -376,11 +393,8 @@ impl ServerCall {
         Resp: prost::Message + 'static,
         S: Stream<Item = Result<Resp, Status>> + Send + 'static,
     {
-        let (Some(core), Some(sink)) = (self.core.clone(), self.sink.clone()) else {
-            return self.reply_err(&Status::internal(
-                "a streaming handler was given a call that is not a stream: check the \
-                 service's descriptor",
-            ));
+        let Some((core, sink)) = self.stream_parts() else {
+            return;
         };
         let (metadata, stream) = response.into_parts();
         let mut outbox = Outbox {
@@ -389,7 +403,6 @@ impl ServerCall {
             call_id: self.call_id,
             method_id: self.method_id,
             first_metadata: Some(metadata),
-            sent_any: false,
         };
         let mut stream = std::pin::pin!(stream);
         let mut next: Option<Resp> = None;

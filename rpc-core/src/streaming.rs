@@ -366,10 +366,9 @@ pub(crate) struct Outbox {
     pub(crate) link: Arc<dyn Link>,
     pub(crate) call_id: CallId,
     pub(crate) method_id: u32,
-    /// Metadata for the first message (a server's initial metadata).
+    /// Metadata for the first message (a server's initial metadata);
+    /// `None` once a message carried it.
     pub(crate) first_metadata: Option<Metadata>,
-    /// Whether messages were sent.
-    pub(crate) sent_any: bool,
 }
 
 impl Outbox {
@@ -383,7 +382,6 @@ impl Outbox {
             call_id: CallId(0),
             method_id: 0,
             first_metadata: None,
-            sent_any: false,
         }
     }
 
@@ -415,7 +413,6 @@ impl Outbox {
             .link
             .send(&frame, true, &mut |buf| encode_exact(message, buf));
         self.first_metadata = None;
-        self.sent_any = true;
         Poll::Ready(sent)
     }
 
