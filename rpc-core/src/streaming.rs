@@ -187,6 +187,13 @@ impl StreamCore {
         })
     }
 
+    /// The core of a call that never started: it ends with `status`.
+    fn failed(status: Status) -> Arc<StreamCore> {
+        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW, false);
+        core.fail(status);
+        core
+    }
+
     fn state(&self) -> MutexGuard<'_, CoreState> {
         lock(&self.st)
     }
@@ -374,10 +381,8 @@ pub(crate) struct Outbox {
 impl Outbox {
     /// The outbox of a call that did not start: every send fails.
     pub(crate) fn closed() -> Outbox {
-        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW, false);
-        core.fail(Status::unavailable("the call did not start"));
         Outbox {
-            core,
+            core: StreamCore::failed(Status::unavailable("the call did not start")),
             link: Arc::new(NoLink),
             call_id: CallId(0),
             method_id: 0,
@@ -648,9 +653,13 @@ impl<T> Streaming<T> {
 
     /// A stream that yields `status` and ends (a call that could not start).
     pub(crate) fn failed(status: Status) -> Streaming<T> {
-        let core = StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW, false);
-        core.fail(status);
-        Streaming::new(core, Arc::new(NoLink), CallId(0), None, None)
+        Streaming::new(
+            StreamCore::failed(status),
+            Arc::new(NoLink),
+            CallId(0),
+            None,
+            None,
+        )
     }
 
     /// The server's initial metadata, once its first message (or its
