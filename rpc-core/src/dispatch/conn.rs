@@ -331,13 +331,15 @@ impl<F: Fabric> Conn<F> {
         self.flush(&mut s);
     }
 
-    /// Handles a doorbell. `Ok(Some)` is a frame for the role; `Err` a protocol violation.
+    /// Handles a doorbell: each frame its write carries goes to `deliver`,
+    /// in order. `Err` is a protocol violation.
     pub(super) fn on_doorbell(
         &self,
         imm: u32,
         byte_len: u32,
         max_message: usize,
-    ) -> Result<Option<Frame>, String> {
+        deliver: &mut dyn FnMut(Frame),
+    ) -> Result<(), String> {
         match Doorbell::decode(imm) {
             None => Err(format!("invalid immediate {imm:#010x}")),
             Some(Doorbell::Credit { ack }) => {
@@ -346,39 +348,49 @@ impl<F: Fabric> Conn<F> {
                     .on_ack(ack)
                     .map_err(|e| format!("bad credit: {e}"))?;
                 self.flush(&mut s);
-                Ok(None)
+                Ok(())
             }
             Some(Doorbell::Frame { offset_units }) => {
-                let mut recv = self.recv.lock().unwrap_or_else(|e| e.into_inner());
-                let arrived = recv.on_frame(offset_units, byte_len, max_message, |offset| {
-                    let mut raw = [0u8; HEADER_LEN];
-                    self.recv_region.copy_to(offset, &mut raw);
-                    raw
-                })?;
-                let header = arrived.header;
-                let md_len = header.metadata_len as usize;
-                let at = arrived.offset + HEADER_LEN;
-                let metadata = if md_len == 0 {
-                    Some(Metadata::new())
-                } else {
-                    self.recv_region.read(at, md_len, Metadata::decode)
-                };
-                let mut payload = self.take_buffer();
-                payload.resize(header.payload_len as usize, 0);
-                self.recv_region.copy_to(at + md_len, &mut payload);
-                drop(recv);
-                // Copied out: only now may the credit go back.
-                let mut s = self.send_state();
-                s.proto.on_consumed(arrived.consumed);
-                s.proto
-                    .on_ack(header.ack)
-                    .map_err(|e| format!("bad credit: {e}"))?;
-                drop(s);
-                Ok(Some(Frame {
-                    header,
-                    metadata,
-                    payload,
-                }))
+                let mut at = Some((offset_units, byte_len));
+                while let Some((offset_units, left)) = at {
+                    let mut recv = self.recv.lock().unwrap_or_else(|e| e.into_inner());
+                    let arrived = recv.on_frame(offset_units, left, max_message, |offset| {
+                        let mut raw = [0u8; HEADER_LEN];
+                        self.recv_region.copy_to(offset, &mut raw);
+                        raw
+                    })?;
+                    at = arrived.next;
+                    let header = arrived.header;
+                    let md_len = header.metadata_len as usize;
+                    let start = arrived.offset + HEADER_LEN;
+                    let metadata = if md_len == 0 {
+                        Some(Metadata::new())
+                    } else {
+                        self.recv_region.read(start, md_len, Metadata::decode)
+                    };
+                    let mut payload = self.take_buffer();
+                    payload.resize(header.payload_len as usize, 0);
+                    self.recv_region.copy_to(start + md_len, &mut payload);
+                    drop(recv);
+                    // Copied out: only now may the credit go back.
+                    let mut s = self.send_state();
+                    s.proto.on_consumed(arrived.consumed);
+                    s.proto
+                        .on_ack(header.ack)
+                        .map_err(|e| format!("bad credit: {e}"))?;
+                    // Closed by an earlier frame of this write (a stream
+                    // rule it broke): the rest goes nowhere.
+                    if s.proto.death().is_some() {
+                        return Ok(());
+                    }
+                    drop(s);
+                    deliver(Frame {
+                        header,
+                        metadata,
+                        payload,
+                    });
+                }
+                Ok(())
             }
         }
     }

@@ -621,9 +621,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                     conn.begin_batch();
                     touched.push(conn.clone());
                 }
-                match conn.on_doorbell(imm, byte_len, conn.max_message) {
-                    Ok(Some(frame)) => self.role.on_frame(self, &conn, frame),
-                    Ok(None) => {}
+                let deliver = &mut |frame| self.role.on_frame(self, &conn, frame);
+                match conn.on_doorbell(imm, byte_len, conn.max_message, deliver) {
+                    Ok(()) => {}
                     Err(why) => {
                         tracing::warn!(qp_num = conn.qp_num, peer = %conn.peer_addr, %why, "closing connection: protocol violation");
                         self.close(&conn, &why);

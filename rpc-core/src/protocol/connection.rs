@@ -29,6 +29,7 @@ use std::collections::VecDeque;
 use super::credits::apply_ack;
 use super::{
     ALIGN, CreditError, CreditReturn, Doorbell, HEADER_LEN, Header, RecvRing, RingError, SendRing,
+    align_up,
 };
 
 /// Every this many writes, one is signaled, so that the send queue's
@@ -269,7 +270,21 @@ impl Sender {
         self.now_us = now_us;
     }
 
+    /// Hands out the write of a frame: appended to the write before it
+    /// when that one is not posted yet and ends where this frame starts, so
+    /// that frames sent together travel as one write with one doorbell
+    /// (the receiver walks the frames the write's length covers).
     fn push_frame(&mut self, offset: usize, len: usize) {
+        if let Some(Transmit {
+            local: Some((first, total)),
+            ..
+        }) = self.transmits.last_mut()
+        {
+            if *first + align_up(*total) == offset {
+                *total = offset + len - *first;
+                return;
+            }
+        }
         let imm = Doorbell::Frame {
             offset_units: (offset / ALIGN) as u32,
         }
@@ -442,6 +457,10 @@ pub struct Arrived {
     /// give it to [`Sender::on_consumed`] after copying the frame out (the
     /// peer may overwrite it as soon as the credit goes back).
     pub consumed: u64,
+    /// The write carries more frames after this one: the next one's offset
+    /// (in ALIGN units) and the bytes of the write from there, to hand to
+    /// [`Receiver::on_frame`] in turn.
+    pub next: Option<(u32, u32)>,
 }
 
 /// The receiving half of a connection.
@@ -477,6 +496,10 @@ impl Receiver {
     /// the header bytes there. Checks the header against the ring and
     /// `max_message` (bytes after the header), and releases the frame's
     /// ring space. `Err` is a protocol violation: close the connection.
+    ///
+    /// One write may carry several frames back to back (each at the aligned
+    /// end of the one before): then [`Arrived::next`] says where the next
+    /// one starts and what is left of the write.
     pub fn on_frame(
         &mut self,
         offset_units: u32,
@@ -507,7 +530,22 @@ impl Receiver {
                 slot.offset
             ));
         }
-        if byte_len != 0 && byte_len as usize != len {
+        let write = byte_len as usize;
+        let next = if write == 0 || write <= align_up(len) {
+            None
+        } else {
+            let end = slot.offset + align_up(len);
+            let rest = write - align_up(len);
+            if rest < HEADER_LEN || end + rest > self.ring.capacity() {
+                return Err(format!(
+                    "write of {byte_len} bytes does not end on a frame (frame of {len} bytes at offset {})",
+                    slot.offset
+                ));
+            }
+            // Both fit in 30 bits: the ring is at most 2^30 units.
+            Some(((end / ALIGN) as u32, rest as u32))
+        };
+        if write != 0 && write < len {
             return Err(format!(
                 "write of {byte_len} bytes carries a frame of {len}"
             ));
@@ -517,6 +555,7 @@ impl Receiver {
             header,
             offset: slot.offset,
             consumed: self.ring.consumed(),
+            next,
         })
     }
 }
@@ -623,7 +662,67 @@ mod tests {
         };
         assert!(!s.sent(offset, 64, false));
         assert!(s.should_post(false));
-        assert_eq!(s.transmits().len(), 4);
+        // Back to back in the ring: one write carries all four.
+        assert_eq!(s.transmits().len(), 1);
+        assert_eq!(s.transmits()[0].local, Some((0, 4 * 64)));
+    }
+
+    #[test]
+    fn frames_of_one_write_arrive_one_by_one() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        let mut ring = vec![0u8; 4096];
+        let lens = [40, 200, 64, 33];
+        for (i, &len) in lens.iter().enumerate() {
+            let Ok(Reserved::Ring { offset, .. }) = s.reserve(len, false) else {
+                panic!("fits");
+            };
+            let mut bytes = frame(len, 0);
+            let mut h = Header::decode(&bytes).unwrap();
+            h.call_id = CallId(i as u64);
+            h.encode((&mut bytes[..HEADER_LEN]).try_into().unwrap());
+            ring[offset..offset + len].copy_from_slice(&bytes);
+            s.sent(offset, len, true);
+        }
+        s.uncork();
+        let [t] = s.transmits() else {
+            panic!("one write: {:?}", s.transmits());
+        };
+        let (first, total) = t.local.unwrap();
+        assert_eq!((first, total), (0, 64 + 256 + 64 + 33));
+        let mut r = Receiver::new(4096).unwrap();
+        let mut at = Some((0, total as u32));
+        let mut seen = Vec::new();
+        while let Some((units, left)) = at {
+            let arrived = r
+                .on_frame(units, left, 4096, |o| {
+                    ring[o..o + HEADER_LEN].try_into().unwrap()
+                })
+                .unwrap();
+            seen.push((arrived.header.call_id.0, arrived.header.frame_len()));
+            at = arrived.next;
+        }
+        assert_eq!(seen, vec![(0, 40), (1, 200), (2, 64), (3, 33)]);
+        assert_eq!(r.consumed(), 64 + 256 + 64 + 64);
+    }
+
+    #[test]
+    fn a_write_must_end_on_a_frame() {
+        let mut ring = vec![0u8; 4096];
+        ring[..64].copy_from_slice(&frame(64, 0));
+        let read = |o: usize| -> [u8; HEADER_LEN] { ring[o..o + HEADER_LEN].try_into().unwrap() };
+        // Shorter than its frame, or ending inside the next header.
+        for byte_len in [40, 64 + 10] {
+            let mut r = Receiver::new(4096).unwrap();
+            assert!(r.on_frame(0, byte_len, 4096, read).is_err(), "{byte_len}");
+        }
+        // Past the end of the ring.
+        let mut r = Receiver::new(4096).unwrap();
+        assert!(r.on_frame(0, 8192, 4096, read).is_err());
+        // Exactly its frame, or its aligned footprint: one frame.
+        for byte_len in [64, 0] {
+            let mut r = Receiver::new(4096).unwrap();
+            assert_eq!(r.on_frame(0, byte_len, 4096, read).unwrap().next, None);
+        }
     }
 
     #[test]
@@ -646,6 +745,7 @@ mod tests {
         let mut ring = 0;
         while let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) {
             s.sent(offset, 64, false);
+            s.on_posted(Ok(()));
             ring += 1;
         }
         // Two slots stay free: one for a credit doorbell, one spare.

@@ -316,7 +316,6 @@ impl RecvRing {
     }
 
     /// Ring size in bytes.
-    #[cfg(any(test, feature = "testing"))]
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -106,9 +106,25 @@ impl End {
                 .tx
                 .transmits()
                 .iter()
-                .filter(|t| t.local.is_some())
-                .count()
+                .map(|t| frames_in(&self.staging, t))
+                .sum::<usize>()
     }
+}
+
+/// How many frames the write `t` carries (it may carry several back to
+/// back), read from the staging area it was written from.
+fn frames_in(staging: &[u8], t: &Transmit) -> usize {
+    let Some((mut off, len)) = t.local else {
+        return 0;
+    };
+    let end = off + len;
+    let mut n = 0;
+    while off < end {
+        let header = Header::decode(&staging[off..]).expect("a staged frame");
+        off += footprint(header.frame_len());
+        n += 1;
+    }
+    n
 }
 
 /// Which units of B's ring belong to which of A's frames.
@@ -418,50 +434,62 @@ impl Sim {
                 self.flush(side, false);
             }
             Some(Doorbell::Frame { offset_units }) => {
-                let (off, len) = t.local.expect("a frame carries bytes");
-                assert_eq!(off, offset_units as usize * ALIGN);
-                let before = to.rx.consumed();
-                let mem = &to.mem;
-                let arrived = to
-                    .rx
-                    .on_frame(offset_units, len as u32, *cap, |at| {
-                        mem[at..at + HEADER_LEN].try_into().unwrap()
-                    })
-                    .expect("a valid frame");
-                assert_eq!(arrived.offset, off);
-                let header = arrived.header;
-                assert_eq!(header.frame_len(), len);
-                let body = &to.mem[off + HEADER_LEN..off + len];
-                match side {
-                    Side::B => {
-                        let seq = *expected_seq;
+                let (first, write_len) = t.local.expect("a frame carries bytes");
+                assert_eq!(first, offset_units as usize * ALIGN);
+                let mut at = Some((offset_units, write_len as u32));
+                while let Some((offset_units, left)) = at {
+                    let off = offset_units as usize * ALIGN;
+                    let before = to.rx.consumed();
+                    let mem = &to.mem;
+                    let arrived = to
+                        .rx
+                        .on_frame(offset_units, left, *cap, |at| {
+                            mem[at..at + HEADER_LEN].try_into().unwrap()
+                        })
+                        .expect("a valid frame");
+                    assert_eq!(arrived.offset, off);
+                    at = arrived.next;
+                    let header = arrived.header;
+                    let len = header.frame_len();
+                    if at.is_none() {
                         assert_eq!(
-                            header.call_id,
-                            CallId(seq),
-                            "frame lost, duplicated or reordered"
+                            off + len,
+                            first + write_len,
+                            "the write ends with its last frame"
                         );
-                        assert_eq!(Header { ack: 0, ..header }, Self::header_for(seq, len));
-                        assert!(
-                            body == Self::body(pattern, seq, len - HEADER_LEN),
-                            "body of frame {seq} corrupted"
-                        );
-                        owners.release(before, arrived.consumed, seq);
-                        *expected_seq += 1;
                     }
-                    Side::A => {
-                        let seq = *expected_reply;
-                        assert_eq!(header.call_id, CallId(seq), "reply lost or reordered");
-                        assert!(body.iter().all(|&b| b == seq as u8));
-                        *expected_reply += 1;
+                    let body = &to.mem[off + HEADER_LEN..off + len];
+                    match side {
+                        Side::B => {
+                            let seq = *expected_seq;
+                            assert_eq!(
+                                header.call_id,
+                                CallId(seq),
+                                "frame lost, duplicated or reordered"
+                            );
+                            assert_eq!(Header { ack: 0, ..header }, Self::header_for(seq, len));
+                            assert!(
+                                body == Self::body(pattern, seq, len - HEADER_LEN),
+                                "body of frame {seq} corrupted"
+                            );
+                            owners.release(before, arrived.consumed, seq);
+                            *expected_seq += 1;
+                        }
+                        Side::A => {
+                            let seq = *expected_reply;
+                            assert_eq!(header.call_id, CallId(seq), "reply lost or reordered");
+                            assert!(body.iter().all(|&b| b == seq as u8));
+                            *expected_reply += 1;
+                        }
                     }
+                    // A consumed frame must never be read again: poison it.
+                    to.mem[off..off + footprint(len)].fill(0xee);
+                    to.tx.on_consumed(arrived.consumed);
+                    to.tx
+                        .on_ack(header.ack)
+                        .expect("piggy-backed credits are valid");
+                    to.applied.push(header.ack);
                 }
-                // A consumed frame must never be read again: poison it.
-                to.mem[off..off + footprint(len)].fill(0xee);
-                to.tx.on_consumed(arrived.consumed);
-                to.tx
-                    .on_ack(header.ack)
-                    .expect("piggy-backed credits are valid");
-                to.applied.push(header.ack);
             }
             None => panic!("bad doorbell {:#x}", t.imm),
         }
@@ -605,7 +633,12 @@ impl Sim {
             head - consumed,
             "reserved-but-unconsumed bytes are exactly the owned ones"
         );
-        let on_wire = self.a.wire.iter().filter(|t| t.local.is_some()).count();
+        let on_wire: usize = self
+            .a
+            .wire
+            .iter()
+            .map(|t| frames_in(&self.a.staging, t))
+            .sum();
         assert_eq!(
             (on_wire + self.a.unsent_frames()) as u64,
             self.next_seq - self.expected_seq,
