@@ -14,6 +14,8 @@ use common::*;
 use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::DESCRIPTOR as ECHO;
 use examples::echo::{EchoReply, EchoRequest};
+use examples::route_guide::RouteGuideService;
+use examples::routeguide::route_guide_server::RouteGuideServer;
 use rpc_core::codegen::prost::Message;
 use rpc_core::fabric::soft::{SoftCq, SoftFabric, SoftQp, SoftRegion};
 use rpc_core::fabric::{
@@ -254,8 +256,12 @@ fn echo_frame(raw: &mut Raw) -> Vec<u8> {
 fn setup(url: &str) -> (ServerHandle, EchoClient, Raw) {
     let probe = Probe::new();
     let (_, health) = rpc_core::health::service();
+    let route_guide = RouteGuideServer::new(RouteGuideService::new());
     let server = serve(
-        test_server(&probe).blocking_threads(2).add_service(health),
+        test_server(&probe)
+            .blocking_threads(2)
+            .add_service(health)
+            .add_service(route_guide),
         url,
     );
     let good = EchoClient::new(channel(server.local_url()));
@@ -288,7 +294,7 @@ on_soft_fabrics! {
     fn bad_header_version_closes_the_connection(url: &str) {
         assert_closes(url, |raw| {
             let mut frame = echo_frame(raw);
-            frame[0] = 2;
+            frame[0] = rpc_core::testing::protocol::VERSION + 1;
             raw.send_at_head(&frame, None);
         });
     }
@@ -456,6 +462,30 @@ on_soft_fabrics! {
             let call_id = open_watch(raw);
             raw.send_at_head(&call_frame(FrameKind::Message, call_id, 0, b"no"), None);
         });
+    }
+}
+
+on_soft_fabrics! {
+    fn a_batch_that_does_not_hold_its_count_closes_the_connection(url: &str) {
+        // RecordRoute is client-streaming: its requests are Message frames.
+        const RECORD_ROUTE: u32 =
+            rpc_core::codegen::method_id("/routeguide.RouteGuide/RecordRoute");
+        let point = examples::routeguide::Point { latitude: 1, longitude: 2 }.encode_to_vec();
+        let mut two = Vec::new();
+        for _ in 0..2 {
+            two.extend_from_slice(&(point.len() as u32).to_le_bytes());
+            two.extend_from_slice(&point);
+        }
+        // Announced three, holds two; announced none; a length past the end.
+        let mut past_the_end = two.clone();
+        past_the_end[0] = 200;
+        for (count, payload) in [(3, two.clone()), (0, two.clone()), (2, past_the_end)] {
+            assert_closes(url, |raw| {
+                let call_id = raw.call_id();
+                raw.send_at_head(&request_frame(RECORD_ROUTE, call_id, &[], &[]), None);
+                raw.send_at_head(&call_frame(FrameKind::Message, call_id, count, &payload), None);
+            });
+        }
     }
 }
 

@@ -441,13 +441,7 @@ impl Channel {
             Err(status) => return Streaming::failed(status),
         };
         let link: Arc<dyn Link> = with_client!(&self.inner.client, c => c.conn.clone());
-        let outbox = Outbox {
-            core: core.clone(),
-            link: link.clone(),
-            call_id: id,
-            method_id: 0,
-            first_metadata: None,
-        };
+        let outbox = Outbox::new(core.clone(), link.clone(), id, 0, None);
         let pump = pump(outbox);
         let owner: Arc<dyn CallOwner> = Arc::new(self.clone());
         Streaming::new(core, link, id, Some(owner), pump)
@@ -806,7 +800,7 @@ impl<F: Fabric> Role<F> for ClientRole {
         let body_len = h.metadata_len as usize + h.payload_len as usize;
         let applied = match h.kind {
             FrameKind::Message => match frame.metadata {
-                Some(md) => core.on_message(frame.payload, Some(md), body_len),
+                Some(md) => core.on_message(frame.payload, h.timeout_us, Some(md), body_len),
                 None => {
                     self.fail_stream(conn, id, &core, "server sent malformed stream metadata");
                     return;

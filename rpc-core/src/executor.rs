@@ -308,26 +308,53 @@ impl Executor {
 /// waits. A panic inside is caught: its message is kept for the call's
 /// answer (see [`take_panic_message`]) and the future dropped.
 pub(crate) fn block_on<F: Future<Output = ()> + Send>(future: F) {
-    let unpark = Unpark::current();
-    let waker = Waker::from(unpark.clone());
-    let mut cx = Context::from_waker(&waker);
-    let mut boxed: Pin<Box<Option<F>>> = Box::pin(Some(future));
-    loop {
-        if poll_catching(boxed.as_mut(), &mut cx) {
-            boxed.set(None);
-            return;
+    Unpark::with(|unpark, waker| {
+        let mut cx = Context::from_waker(waker);
+        let mut boxed: Pin<Box<Option<F>>> = Box::pin(Some(future));
+        loop {
+            if poll_catching(boxed.as_mut(), &mut cx) {
+                boxed.set(None);
+                return;
+            }
+            unpark.park();
         }
-        unpark.park();
-    }
+    })
 }
 
 /// Wakes a thread parked in [`Unpark::park`].
 struct Unpark(std::thread::Thread, AtomicBool);
 
+thread_local! {
+    /// This thread's parker and its waker, kept between blocking waits (a
+    /// blocking iterator waits once per message); taken while in use, so a
+    /// wait nested in another makes its own.
+    static PARKER: std::cell::Cell<Option<(Arc<Unpark>, Waker)>> =
+        const { std::cell::Cell::new(None) };
+}
+
 impl Unpark {
     /// A waker for the calling thread.
     fn current() -> Arc<Unpark> {
         Arc::new(Unpark(std::thread::current(), AtomicBool::new(false)))
+    }
+
+    /// Runs `f` with this thread's parker and its waker.
+    fn with<T>(f: impl FnOnce(&Unpark, &Waker) -> T) -> T {
+        let (unpark, waker) = PARKER.take().unwrap_or_else(|| {
+            let unpark = Unpark::current();
+            let waker = Waker::from(unpark.clone());
+            (unpark, waker)
+        });
+        /// Puts the parker back, even if `f` panics.
+        struct Back(Option<(Arc<Unpark>, Waker)>);
+        impl Drop for Back {
+            fn drop(&mut self) {
+                PARKER.set(self.0.take());
+            }
+        }
+        let back = Back(Some((unpark, waker)));
+        let (unpark, waker) = back.0.as_ref().expect("just set");
+        f(unpark, waker)
     }
 
     /// Parks the calling thread until woken (at once if it was already).
@@ -352,16 +379,16 @@ impl Wake for Unpark {
 /// output, parking the thread while it waits (the blocking forms of
 /// streams and streaming calls). A panic propagates to the caller.
 pub(crate) fn wait_on<F: Future>(future: F) -> F::Output {
-    let unpark = Unpark::current();
-    let waker = Waker::from(unpark.clone());
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
-            return v;
+    Unpark::with(|unpark, waker| {
+        let mut cx = Context::from_waker(waker);
+        let mut future = std::pin::pin!(future);
+        loop {
+            if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+                return v;
+            }
+            unpark.park();
         }
-        unpark.park();
-    }
+    })
 }
 
 #[cfg(test)]

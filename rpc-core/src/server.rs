@@ -9,7 +9,7 @@ use crate::fabric::{Fabric, FabricUrl, Listener, LocalSetup, Scheme};
 use crate::idmap::IdMap;
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, FrameKind};
-use crate::streaming::{Link, Outbox, Signal, StreamCore, StreamEnd, Streaming, pump_responses};
+use crate::streaming::{Link, Outbox, Producer, Signal, StreamCore, StreamEnd, Streaming};
 use crate::{Metadata, Request, Response, Status};
 use futures_core::Stream;
 use std::collections::HashMap;
@@ -397,18 +397,12 @@ impl ServerCall {
             return;
         };
         let (metadata, stream) = response.into_parts();
-        let mut outbox = Outbox {
-            core,
-            link: sink,
-            call_id: self.call_id,
-            method_id: self.method_id,
-            first_metadata: Some(metadata),
-        };
+        let mut outbox = Outbox::new(core, sink, self.call_id, self.method_id, Some(metadata));
         let mut stream = std::pin::pin!(stream);
-        let mut next: Option<Resp> = None;
+        let mut producer = Producer::<Resp>::new();
         let end = std::future::poll_fn(|cx| {
             let polled = catch_unwind(AssertUnwindSafe(|| {
-                pump_responses(cx, stream.as_mut(), &mut outbox, &mut next)
+                producer.poll(cx, stream.as_mut(), &mut outbox)
             }));
             outbox.flush();
             match polled {
@@ -1025,6 +1019,7 @@ impl ServerRole {
             (Registered::Stream(core), FrameKind::Message) => match frame.metadata {
                 Some(md) => core.on_message(
                     frame.payload,
+                    h.timeout_us,
                     Some(md),
                     h.metadata_len as usize + h.payload_len as usize,
                 ),

@@ -13,10 +13,13 @@
 //! dispatcher runs the handler's task).
 
 use crate::dispatch::{OutFrame, encode_exact};
-use crate::protocol::stream::{Inbound, RecvWindow, SendWindow, StreamError};
+use crate::protocol::stream::{
+    Inbound, MAX_BATCH, RECORD_PREFIX, Records, RecvWindow, SendWindow, StreamError,
+};
 use crate::protocol::{CallId, FrameKind};
-use crate::{Metadata, Request, Response, Status};
+use crate::{Code, Metadata, Request, Response, Status};
 use futures_core::Stream;
+use prost::bytes::Bytes;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -26,8 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-/// Messages a producer sends per poll before it lets others run.
-const SEND_BUDGET: usize = 64;
+/// Messages a producer takes from its stream per poll before it lets
+/// others run.
+const SEND_BUDGET: usize = 256;
 
 /// A boxed stream of messages or errors, for handlers that return one
 /// without naming its type: `type ListFeaturesStream = BoxStream<Feature>;`.
@@ -143,12 +147,15 @@ pub(crate) struct StreamCore {
     pub(crate) signal: Arc<Signal>,
     /// Whether the peer may send `Message`s on this stream.
     messages: bool,
+    /// The call was cancelled or ran out of time: what arrived and was not
+    /// read yet is dropped.
+    dropped: AtomicBool,
 }
 
 #[derive(Debug)]
 struct CoreState {
-    /// Messages that arrived and were not taken yet, with their window cost.
-    inbox: VecDeque<(Vec<u8>, usize)>,
+    /// Frames that arrived and were not taken yet.
+    inbox: VecDeque<Entry>,
     recv: RecvWindow,
     inbound: Inbound,
     /// How the inbound direction ended, once it did (told after the inbox
@@ -184,6 +191,7 @@ impl StreamCore {
             }),
             signal: Arc::new(Signal::default()),
             messages,
+            dropped: AtomicBool::new(false),
         })
     }
 
@@ -198,17 +206,20 @@ impl StreamCore {
         lock(&self.st)
     }
 
-    /// A `Message` frame arrived (dispatcher): `body_len` is its metadata
-    /// and payload length, what the window counts.
+    /// A `Message` frame of `count` messages arrived (dispatcher):
+    /// `body_len` is its metadata and payload length, what the window
+    /// counts.
     pub(crate) fn on_message(
         &self,
         payload: Vec<u8>,
+        count: u32,
         metadata: Option<Metadata>,
         body_len: usize,
     ) -> Result<(), StreamError> {
         if !self.messages {
             return Err(StreamError::MessageNotExpected);
         }
+        Records::check(&payload, count)?;
         let waker = {
             let mut st = self.state();
             st.inbound.on_message()?;
@@ -216,7 +227,11 @@ impl StreamCore {
             if st.headers.is_none() {
                 st.headers = Some(metadata.unwrap_or_default());
             }
-            st.inbox.push_back((payload, body_len));
+            st.inbox.push_back(Entry {
+                data: payload,
+                count,
+                cost: body_len,
+            });
             st.reader.take()
         };
         if let Some(w) = waker {
@@ -240,7 +255,11 @@ impl StreamCore {
             let mut st = self.state();
             st.inbound.on_close()?;
             if let Some(message) = last {
-                st.inbox.push_back((message, 0));
+                st.inbox.push_back(Entry {
+                    data: message,
+                    count: 1,
+                    cost: 0,
+                });
             }
             if let Some(md) = metadata {
                 if st.headers.is_none() {
@@ -280,11 +299,18 @@ impl StreamCore {
     }
 
     /// Ends the call on this side with `status`: cancelled, deadline
-    /// passed, connection lost. What was received stays readable; then the
-    /// reader sees `status`, and senders fail with it.
+    /// passed, connection lost. The reader sees `status` next, and senders
+    /// fail with it. A call cancelled or out of time drops what it received
+    /// and did not read (nobody wants it any more); after any other failure
+    /// what was received stays readable first.
     pub(crate) fn fail(&self, status: Status) {
+        let drop_unread = matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded);
         let (reader, writer) = {
             let mut st = self.state();
+            if drop_unread {
+                st.inbox.clear();
+                self.dropped.store(true, Ordering::Release);
+            }
             if st.end.is_none() {
                 st.end = Some(Err(status.clone()));
             }
@@ -304,11 +330,11 @@ impl StreamCore {
         self.state().over.is_some()
     }
 
-    /// The next message, once one is in, with the window grant to send back
-    /// if one is due; `None` at the clean end.
+    /// The next frame's messages, once one is in, with the window grant to
+    /// send back if one is due; `None` at the clean end.
     fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Status>>> {
         let mut st = self.state();
-        if let Some((message, cost)) = st.inbox.pop_front() {
+        if let Some(Entry { data, count, cost }) = st.inbox.pop_front() {
             // A grant is worth sending only while the peer may still send.
             let grant = if cost > 0 {
                 st.recv
@@ -317,7 +343,7 @@ impl StreamCore {
             } else {
                 None
             };
-            return Poll::Ready(Some(Ok(Received { message, grant })));
+            return Poll::Ready(Some(Ok(Received { data, count, grant })));
         }
         match &st.end {
             Some(Ok(())) => Poll::Ready(None),
@@ -360,14 +386,25 @@ impl StreamCore {
     }
 }
 
-/// A message taken from a stream's inbox.
+/// A frame in a stream's inbox: `count` messages ([`Records`]) and what
+/// they cost the window (0 for a final message outside it).
+#[derive(Debug)]
+struct Entry {
+    data: Vec<u8>,
+    count: u32,
+    cost: usize,
+}
+
+/// A frame taken from a stream's inbox.
 struct Received {
-    message: Vec<u8>,
+    data: Vec<u8>,
+    count: u32,
     grant: Option<u32>,
 }
 
-/// The sending half of one stream direction: frames `Message`s within the
-/// window, and `HalfClose` at the end.
+/// The sending half of one stream direction: gathers messages into
+/// `Message` frames, sends them within the window, and `HalfClose` at the
+/// end.
 pub(crate) struct Outbox {
     pub(crate) core: Arc<StreamCore>,
     pub(crate) link: Arc<dyn Link>,
@@ -376,31 +413,116 @@ pub(crate) struct Outbox {
     /// Metadata for the first message (a server's initial metadata);
     /// `None` once a message carried it.
     pub(crate) first_metadata: Option<Metadata>,
+    /// Messages gathered for the next frame, each after its length.
+    batch: Vec<u8>,
+    count: u32,
 }
 
 impl Outbox {
-    /// The outbox of a call that did not start: every send fails.
-    pub(crate) fn closed() -> Outbox {
+    /// The outbox of stream `call_id` on `link`.
+    pub(crate) fn new(
+        core: Arc<StreamCore>,
+        link: Arc<dyn Link>,
+        call_id: CallId,
+        method_id: u32,
+        first_metadata: Option<Metadata>,
+    ) -> Outbox {
         Outbox {
-            core: StreamCore::failed(Status::unavailable("the call did not start")),
-            link: Arc::new(NoLink),
-            call_id: CallId(0),
-            method_id: 0,
-            first_metadata: None,
+            core,
+            link,
+            call_id,
+            method_id,
+            first_metadata,
+            batch: Vec::new(),
+            count: 0,
         }
     }
 
-    /// Sends `message` once the window allows it: `Pending` until then.
-    /// The write may stay corked until [`Outbox::flush`].
+    /// The outbox of a call that did not start: every send fails.
+    pub(crate) fn closed() -> Outbox {
+        Outbox::new(
+            StreamCore::failed(Status::unavailable("the call did not start")),
+            Arc::new(NoLink),
+            CallId(0),
+            0,
+            None,
+        )
+    }
+
+    /// Adds `message` to the batch; first sends the batch if it would grow
+    /// past [`MAX_BATCH`] (`Pending` while the window does not allow that:
+    /// then `message` was not taken).
+    fn poll_push<M: prost::Message>(
+        &mut self,
+        cx: &mut Context<'_>,
+        message: &M,
+    ) -> Poll<Result<(), Status>> {
+        let len = message.encoded_len();
+        if self.count > 0 && self.batch.len() + RECORD_PREFIX + len > MAX_BATCH {
+            match self.poll_send_batch(cx) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
+        self.batch.reserve(RECORD_PREFIX + len);
+        // A message fits in 32 bits: larger ones fail when sent.
+        let prefix = u32::try_from(len).unwrap_or(u32::MAX);
+        self.batch.extend_from_slice(&prefix.to_le_bytes());
+        // Cannot fail: room for `encoded_len` bytes was reserved.
+        let _ = message.encode(&mut self.batch);
+        self.count += 1;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Sends the gathered messages as one `Message` frame once the window
+    /// allows it. The write may stay corked until [`Outbox::flush`].
+    fn poll_send_batch(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        if self.count == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        // One message travels without its length.
+        let skip = if self.count == 1 { RECORD_PREFIX } else { 0 };
+        let payload = &batch[skip..];
+        let sent = self.poll_frame(cx, self.count, payload.len(), &mut |buf| {
+            buf.copy_from_slice(payload)
+        });
+        if sent.is_ready() {
+            batch.clear();
+            self.count = 0;
+        }
+        self.batch = batch;
+        sent
+    }
+
+    /// Sends `message` alone once the window allows it (after what was
+    /// gathered before): `Pending` until then, and `message` was not taken.
     pub(crate) fn poll_send<M: prost::Message>(
         &mut self,
         cx: &mut Context<'_>,
         message: &M,
     ) -> Poll<Result<(), Status>> {
+        match self.poll_send_batch(cx) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        self.poll_frame(cx, 1, message.encoded_len(), &mut |buf| {
+            encode_exact(message, buf)
+        })
+    }
+
+    /// Sends a `Message` frame of `count` messages in `payload_len` bytes
+    /// (`fill` writes them) once the window allows it.
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+        count: u32,
+        payload_len: usize,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Poll<Result<(), Status>> {
         let md = self.first_metadata.as_ref().filter(|m| !m.is_empty());
         let md_len = md.map_or(0, Metadata::encoded_len);
-        let len = message.encoded_len();
-        match self.core.poll_window(cx, md_len + len) {
+        match self.core.poll_window(cx, md_len + payload_len) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
             Poll::Ready(Ok(())) => {}
@@ -410,13 +532,11 @@ impl Outbox {
             call_id: self.call_id,
             method_id: self.method_id,
             status: 0,
-            timeout_us: 0,
+            timeout_us: count,
             metadata: md,
-            payload_len: len,
+            payload_len,
         };
-        let sent = self
-            .link
-            .send(&frame, true, &mut |buf| encode_exact(message, buf));
+        let sent = self.link.send(&frame, true, fill);
         self.first_metadata = None;
         Poll::Ready(sent)
     }
@@ -447,52 +567,90 @@ pub(crate) enum StreamEnd {
     Over,
 }
 
-/// Sends what a server's response stream yields as the window allows
-/// (`next` holds a message waiting for window), up to a budget per poll.
-pub(crate) fn pump_responses<Resp, S>(
-    cx: &mut Context<'_>,
-    mut stream: Pin<&mut S>,
-    outbox: &mut Outbox,
-    next: &mut Option<Resp>,
-) -> Poll<StreamEnd>
-where
-    Resp: prost::Message,
-    S: Stream<Item = Result<Resp, Status>>,
-{
-    for _ in 0..SEND_BUDGET {
-        let message = match next.take() {
-            Some(m) => m,
-            None => match stream.as_mut().poll_next(cx) {
-                Poll::Ready(Some(Ok(m))) => m,
-                Poll::Ready(Some(Err(status))) => return Poll::Ready(StreamEnd::Failed(status)),
-                Poll::Ready(None) => return Poll::Ready(StreamEnd::Finished),
-                Poll::Pending => {
-                    // Waiting on the stream: a cancel must still wake us.
-                    if outbox.core.watch_over(cx) {
-                        return Poll::Ready(StreamEnd::Over);
+/// Drives a stream of messages into an [`Outbox`]: what the stream yields
+/// at once is gathered into batches, sent as the window allows, up to a
+/// budget per poll.
+pub(crate) struct Producer<M> {
+    /// A message that waits for the batch before it to go.
+    next: Option<M>,
+    /// How the stream ended, told once its last batch went.
+    end: Option<StreamEnd>,
+}
+
+impl<M: prost::Message> Producer<M> {
+    pub(crate) fn new() -> Producer<M> {
+        Producer {
+            next: None,
+            end: None,
+        }
+    }
+
+    /// Sends what `stream` yields; `Ready` once it ended and all it
+    /// yielded went, or once nothing more can be sent.
+    pub(crate) fn poll<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut stream: Pin<&mut S>,
+        outbox: &mut Outbox,
+    ) -> Poll<StreamEnd>
+    where
+        S: Stream<Item = Result<M, Status>> + ?Sized,
+    {
+        let stopped = |status: Status, outbox: &Outbox| {
+            if outbox.core.is_over() {
+                StreamEnd::Over
+            } else {
+                StreamEnd::Failed(status)
+            }
+        };
+        let mut budget = SEND_BUDGET;
+        while self.end.is_none() && budget > 0 {
+            let message = match self.next.take() {
+                Some(m) => m,
+                None => match stream.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(Ok(m))) => m,
+                    Poll::Ready(Some(Err(status))) => {
+                        self.end = Some(StreamEnd::Failed(status));
+                        break;
                     }
+                    Poll::Ready(None) => {
+                        self.end = Some(StreamEnd::Finished);
+                        break;
+                    }
+                    Poll::Pending => {
+                        // Nothing more for now: what was gathered goes, and
+                        // a cancel must still wake us.
+                        return match outbox.poll_send_batch(cx) {
+                            Poll::Ready(Err(status)) => Poll::Ready(stopped(status, outbox)),
+                            _ if outbox.core.watch_over(cx) => Poll::Ready(StreamEnd::Over),
+                            _ => Poll::Pending,
+                        };
+                    }
+                },
+            };
+            match outbox.poll_push(cx, &message) {
+                Poll::Ready(Ok(())) => budget -= 1,
+                Poll::Ready(Err(status)) => return Poll::Ready(stopped(status, outbox)),
+                Poll::Pending => {
+                    self.next = Some(message);
                     return Poll::Pending;
                 }
-            },
-        };
-        match outbox.poll_send(cx, &message) {
-            Poll::Ready(Ok(())) => {}
-            Poll::Ready(Err(status)) => {
-                return Poll::Ready(if outbox.core.is_over() {
-                    StreamEnd::Over
-                } else {
-                    StreamEnd::Failed(status)
-                });
             }
-            Poll::Pending => {
-                *next = Some(message);
-                return Poll::Pending;
+        }
+        match outbox.poll_send_batch(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(status)) => return Poll::Ready(stopped(status, outbox)),
+            Poll::Pending => return Poll::Pending,
+        }
+        match self.end.take() {
+            Some(end) => Poll::Ready(end),
+            None => {
+                // Budget spent: let the others run, and come back at once.
+                cx.waker().wake_by_ref();
+                Poll::Pending
             }
         }
     }
-    // Let the dispatcher's other work run; come back at once.
-    cx.waker().wake_by_ref();
-    Poll::Pending
 }
 
 /// Sends the messages of a `Stream` into a stream direction as the window
@@ -503,11 +661,22 @@ pub(crate) trait Pump: Send {
     fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<()>;
 }
 
+/// A stream of messages as a stream of `Ok` messages.
+struct Oks<S>(Pin<Box<S>>);
+
+impl<S: Stream> Stream for Oks<S> {
+    type Item = Result<S::Item, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.as_mut().poll_next(cx).map(|m| m.map(Ok))
+    }
+}
+
 /// A client's request stream, sent as it yields.
 pub(crate) struct RequestPump<S: Stream> {
-    stream: Pin<Box<S>>,
+    stream: Oks<S>,
     outbox: Outbox,
-    next: Option<S::Item>,
+    producer: Producer<S::Item>,
     done: bool,
 }
 
@@ -518,9 +687,9 @@ where
 {
     pub(crate) fn new(stream: S, outbox: Outbox) -> RequestPump<S> {
         RequestPump {
-            stream: Box::pin(stream),
+            stream: Oks(Box::pin(stream)),
             outbox,
-            next: None,
+            producer: Producer::new(),
             done: false,
         }
     }
@@ -535,49 +704,32 @@ where
         if self.done {
             return Poll::Ready(());
         }
-        let mut sent = 0;
-        let outcome = loop {
-            if sent == SEND_BUDGET {
-                cx.waker().wake_by_ref();
-                break Poll::Pending;
-            }
-            let message = match self.next.take() {
-                Some(m) => m,
-                None => match self.stream.as_mut().poll_next(cx) {
-                    Poll::Ready(Some(m)) => m,
-                    Poll::Ready(None) => {
-                        self.outbox.flush();
-                        if let Err(status) = self.outbox.half_close() {
-                            tracing::debug!(%status, "could not half-close a request stream");
-                        }
-                        break Poll::Ready(());
-                    }
-                    Poll::Pending => break Poll::Pending,
-                },
-            };
-            match self.outbox.poll_send(cx, &message) {
-                Poll::Ready(Ok(())) => sent += 1,
-                // The call is over (its outcome tells why) or the message
-                // could not go (too large): the response says what happened.
-                Poll::Ready(Err(status)) => {
-                    tracing::debug!(%status, "request stream stopped");
-                    if !self.outbox.core.is_over() {
-                        // A message that cannot be sent fails the call.
-                        self.outbox.core.fail(status);
-                    }
-                    break Poll::Ready(());
-                }
-                Poll::Pending => {
-                    self.next = Some(message);
-                    break Poll::Pending;
-                }
-            }
+        let end = self
+            .producer
+            .poll(cx, Pin::new(&mut self.stream), &mut self.outbox);
+        let Poll::Ready(end) = end else {
+            self.outbox.flush();
+            return Poll::Pending;
         };
-        self.outbox.flush();
-        if outcome.is_ready() {
-            self.done = true;
+        match end {
+            StreamEnd::Finished => {
+                if let Err(status) = self.outbox.half_close() {
+                    tracing::debug!(%status, "could not half-close a request stream");
+                }
+            }
+            // A message that cannot be sent (too large) fails the call; a
+            // call that is over tells its own outcome.
+            StreamEnd::Failed(status) => {
+                tracing::debug!(%status, "request stream stopped");
+                if !self.outbox.core.is_over() {
+                    self.outbox.core.fail(status);
+                }
+            }
+            StreamEnd::Panicked(_) | StreamEnd::Over => {}
         }
-        outcome
+        self.outbox.flush();
+        self.done = true;
+        Poll::Ready(())
     }
 }
 
@@ -618,6 +770,8 @@ pub struct Streaming<T> {
     owner: Option<Arc<dyn CallOwner>>,
     /// The request stream of a bidirectional call, driven while this is polled.
     pump: Option<Box<dyn Pump>>,
+    /// The frame being read: its bytes, and the messages not yet taken.
+    batch: Option<(Bytes, Records)>,
     /// The stream ended (cleanly or with its error).
     finished: bool,
     _t: PhantomData<fn() -> T>,
@@ -646,6 +800,7 @@ impl<T> Streaming<T> {
             call_id,
             owner,
             pump,
+            batch: None,
             finished: false,
             _t: PhantomData,
         }
@@ -673,8 +828,25 @@ impl<T> Streaming<T> {
         self.core.metadata().1
     }
 
+    /// The next message of the frame being read, if any is left.
+    fn next_in_batch(&mut self) -> Option<Bytes> {
+        if self.batch.is_some() && self.core.dropped.load(Ordering::Acquire) {
+            self.batch = None;
+        }
+        let (data, records) = self.batch.as_mut()?;
+        // Checked when it arrived: every announced message is there.
+        let message = records.next_range(data).map(|r| data.slice(r));
+        if records.left() == 0 || message.is_none() {
+            self.batch = None;
+        }
+        message
+    }
+
     /// Polls for the next raw message, driving the request pump first.
-    fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Vec<u8>, Status>>> {
+    fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
+        if let Some(message) = self.next_in_batch() {
+            return Poll::Ready(Some(Ok(message)));
+        }
         if self.finished {
             return Poll::Ready(None);
         }
@@ -686,13 +858,19 @@ impl<T> Streaming<T> {
         let mut polled_queue = false;
         loop {
             match self.core.poll_recv(cx) {
-                Poll::Ready(Some(Ok(Received { message, grant }))) => {
+                Poll::Ready(Some(Ok(Received { data, count, grant }))) => {
                     if let Some(grant) = grant {
                         // A failed grant means the call is over; its
                         // status arrives through the core.
                         let _ = send_control(&*self.link, FrameKind::Window, self.call_id, grant);
                     }
-                    return Poll::Ready(Some(Ok(message)));
+                    if count == 1 {
+                        return Poll::Ready(Some(Ok(Bytes::from(data))));
+                    }
+                    self.batch = Some((Bytes::from(data), Records::new(count)));
+                    if let Some(message) = self.next_in_batch() {
+                        return Poll::Ready(Some(Ok(message)));
+                    }
                 }
                 Poll::Ready(Some(Err(status))) => {
                     self.finish();
@@ -733,10 +911,10 @@ impl<T> Streaming<T> {
 }
 
 impl<T: prost::Message + Default> Streaming<T> {
-    fn decode(&self, buf: Vec<u8>) -> Result<T, Status> {
-        let decoded = T::decode(&buf[..]);
-        self.link.recycle(buf);
-        decoded.map_err(|e| {
+    fn decode(&self, buf: Bytes) -> Result<T, Status> {
+        // From `Bytes`, a message's `bytes` fields share the frame's buffer
+        // instead of copying out of it.
+        T::decode(buf).map_err(|e| {
             Status::internal(format!(
                 "stream message is not a valid {}: {e}",
                 std::any::type_name::<T>()
@@ -753,6 +931,10 @@ impl<T: prost::Message + Default> Streaming<T> {
 
     /// Like [`Streaming::message`], blocking the current thread.
     pub fn blocking_message(&mut self) -> Result<Option<T>, Status> {
+        // The rest of a batch needs no waiting.
+        if let Some(message) = self.next_in_batch() {
+            return self.decode(message).map(Some);
+        }
         crate::executor::wait_on(self.message())
     }
 }

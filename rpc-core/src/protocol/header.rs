@@ -12,7 +12,7 @@
 //! | 16 | 4 | payload length |
 //! | 20 | 2 | metadata length |
 //! | 22 | 2 | flags (reserved, must be 0) |
-//! | 24 | 4 | timeout in microseconds (0 = none; saturates); in a `Window` frame, the grant |
+//! | 24 | 4 | timeout in microseconds (0 = none; saturates); in a `Window` frame, the grant; in a `Message` frame, how many messages it carries |
 //! | 28 | 4 | ack: credits the sender returns for the ring it receives into ([`super::credits`]) |
 //!
 //! After the header come `metadata_len` bytes of metadata, then
@@ -21,8 +21,9 @@
 
 use super::CallId;
 
-/// Protocol version this build speaks.
-pub const VERSION: u8 = 1;
+/// Protocol version this build speaks (2: a `Message` frame carries a
+/// batch, and one write may carry several frames).
+pub const VERSION: u8 = 2;
 /// Size of an encoded [`Header`].
 pub const HEADER_LEN: usize = 32;
 /// Where the ack sits in an encoded header.
@@ -47,9 +48,10 @@ pub enum FrameKind {
     /// that needs no ring space; this kind exists for fabrics or peers that
     /// prefer a frame.
     Credit = 5,
-    /// One message of a stream (`call_id`), either direction: metadata (on
-    /// a stream's first message from the server, its initial metadata) and
-    /// the message. Counts against the stream's window
+    /// Messages of a stream (`call_id`), either direction: metadata (on a
+    /// stream's first frame from the server, its initial metadata) and
+    /// `timeout_us` messages, one as is or several each after its length
+    /// ([`super::stream::Records`]). Counts against the stream's window
     /// ([`super::stream`]).
     Message = 6,
     /// The client sends no more messages on the stream `call_id` (its
@@ -286,7 +288,7 @@ mod tests {
     #[test]
     fn decode_bad_version() {
         let mut bytes = encoded(&sample());
-        for v in [0u8, 2, 255] {
+        for v in [0u8, 1, VERSION + 1, 255] {
             bytes[0] = v;
             assert_eq!(Header::decode(&bytes), Err(HeaderError::Version(v)));
         }

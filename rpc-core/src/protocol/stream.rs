@@ -28,11 +28,30 @@
 //! No deadlock: a blocked sender has `available < window / 2`, so more than
 //! half the window is sent and not granted; once the consumer has consumed
 //! it all, at least half the window is owed, so it is granted.
+//!
+//! **Batches.** One `Message` frame carries one or more messages of the
+//! stream; its header's `timeout_us` field says how many ([`Records`]).
+//! With one, the payload is the message. With more, the payload is the
+//! messages back to back, each after its length as 4 bytes little-endian.
+//! A producer gathers what its stream yields at once into one frame (up to
+//! [`MAX_BATCH`] bytes), so a stream of small messages costs one header,
+//! one window check and one queue operation per batch instead of per
+//! message; a producer that yields one message at a time sends each alone,
+//! at once. The window counts frames: a batch costs its footprint.
 
 use super::{HEADER_LEN, align_up};
 
 /// Default window per stream direction, in window bytes.
 pub const DEFAULT_WINDOW: u32 = 256 << 10;
+
+/// Most payload bytes a producer gathers into one batch before it sends it
+/// (a single larger message goes alone). Small enough that a window holds
+/// many batches in flight, large enough that the per-frame cost vanishes
+/// for small messages.
+pub const MAX_BATCH: usize = 16 << 10;
+
+/// Bytes of the length before each message of a batch.
+pub const RECORD_PREFIX: usize = 4;
 
 /// Window bytes a message with `body_len` bytes of metadata and payload costs.
 pub fn message_cost(body_len: usize) -> u64 {
@@ -63,6 +82,12 @@ pub enum StreamError {
     MessageNotExpected,
     /// A second half-close.
     DoubleHalfClose,
+    /// A `Message` frame whose payload is not the number of messages its
+    /// header says.
+    BadBatch {
+        /// Messages the header announced.
+        count: u32,
+    },
 }
 
 impl std::fmt::Display for StreamError {
@@ -81,6 +106,10 @@ impl std::fmt::Display for StreamError {
                 write!(f, "stream message on a direction that carries none")
             }
             StreamError::DoubleHalfClose => write!(f, "stream half-closed twice"),
+            StreamError::BadBatch { count } => write!(
+                f,
+                "stream message frame does not hold the {count} messages its header announces"
+            ),
         }
     }
 }
@@ -190,6 +219,74 @@ impl RecvWindow {
     }
 }
 
+/// The messages of one `Message` frame's payload: `count` of them (from
+/// its header), raw if one, length-prefixed if more. Walks untrusted bytes
+/// without panicking; [`Records::check`] validates a whole payload first.
+#[derive(Debug, Clone)]
+pub struct Records {
+    at: usize,
+    left: u32,
+    single: bool,
+}
+
+impl Records {
+    /// The messages of a payload whose header announced `count`.
+    pub fn new(count: u32) -> Records {
+        Records {
+            at: 0,
+            left: count,
+            single: count == 1,
+        }
+    }
+
+    /// Whether `payload` holds exactly `count` messages.
+    pub fn check(payload: &[u8], count: u32) -> Result<(), StreamError> {
+        let mut records = Records::new(count);
+        if count == 0 {
+            return Err(StreamError::BadBatch { count });
+        }
+        while records.left > 0 {
+            if records.next_range(payload).is_none() {
+                return Err(StreamError::BadBatch { count });
+            }
+        }
+        if records.at == payload.len() {
+            Ok(())
+        } else {
+            Err(StreamError::BadBatch { count })
+        }
+    }
+
+    /// Messages not yet taken.
+    pub fn left(&self) -> u32 {
+        self.left
+    }
+
+    /// Where the next message lies in `payload`; `None` when all were
+    /// taken, or when the bytes do not hold another (a payload that
+    /// passed [`Records::check`] always does).
+    pub fn next_range(&mut self, payload: &[u8]) -> Option<std::ops::Range<usize>> {
+        if self.left == 0 {
+            return None;
+        }
+        let range = if self.single {
+            0..payload.len()
+        } else {
+            let prefix = payload.get(self.at..self.at.checked_add(RECORD_PREFIX)?)?;
+            let len = u32::from_le_bytes(prefix.try_into().ok()?) as usize;
+            let start = self.at + RECORD_PREFIX;
+            let end = start.checked_add(len)?;
+            if end > payload.len() {
+                return None;
+            }
+            start..end
+        };
+        self.at = range.end;
+        self.left -= 1;
+        Some(range)
+    }
+}
+
 /// Which side closed a stream direction, as the receiving end sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Inbound {
@@ -267,6 +364,65 @@ mod tests {
         tx.on_grant(grant).unwrap();
         assert_eq!(tx.available(), 1024);
         assert!(tx.try_send(4000));
+    }
+
+    fn batch(messages: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for m in messages {
+            out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            out.extend_from_slice(m);
+        }
+        out
+    }
+
+    fn walk(payload: &[u8], count: u32) -> Vec<Vec<u8>> {
+        let mut records = Records::new(count);
+        std::iter::from_fn(|| records.next_range(payload).map(|r| payload[r].to_vec())).collect()
+    }
+
+    #[test]
+    fn records_of_a_batch() {
+        let payload = batch(&[b"ab", b"", b"cde"]);
+        assert_eq!(Records::check(&payload, 3), Ok(()));
+        assert_eq!(
+            walk(&payload, 3),
+            vec![b"ab".to_vec(), vec![], b"cde".to_vec()]
+        );
+        // One message: the payload itself, whatever its bytes.
+        assert_eq!(Records::check(&payload, 1), Ok(()));
+        assert_eq!(walk(&payload, 1), vec![payload.clone()]);
+        for bad in [0, 2, 4] {
+            assert_eq!(
+                Records::check(&payload, bad),
+                Err(StreamError::BadBatch { count: bad })
+            );
+        }
+        // A length past the end, a truncated prefix.
+        assert!(Records::check(&[9, 0, 0, 0, 1], 2).is_err());
+        assert!(Records::check(&[0, 0, 0, 0, 1], 2).is_err());
+        assert!(Records::check(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0], 2).is_err());
+    }
+
+    proptest! {
+        /// Any bytes and any count: checking and walking never panic, and
+        /// a checked payload yields exactly its count.
+        #[test]
+        fn prop_records_never_panic(payload in proptest::collection::vec(any::<u8>(), 0..64), count in 0u32..6) {
+            let ok = Records::check(&payload, count).is_ok();
+            let walked = walk(&payload, count);
+            if ok {
+                prop_assert_eq!(walked.len(), count as usize);
+            }
+        }
+
+        /// Whatever messages are batched come back as they were.
+        #[test]
+        fn prop_batches_round_trip(messages in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 2..20)) {
+            let refs: Vec<&[u8]> = messages.iter().map(|m| &m[..]).collect();
+            let payload = batch(&refs);
+            prop_assert_eq!(Records::check(&payload, messages.len() as u32), Ok(()));
+            prop_assert_eq!(walk(&payload, messages.len() as u32), messages);
+        }
     }
 
     #[test]
