@@ -8,38 +8,105 @@
 //! copies the reply into a fresh buffer too, as our client does. What is
 //! left out is everything the framework adds: framing, protobuf, the rings,
 //! credits, the call table, the poller and worker hand-offs.
+//!
+//! In stream mode each stream is a producer thread that sends the stream's
+//! payloads ([`StreamPayloads`], as our echo server makes them) into a
+//! bounded channel, and its lane reads and checks them as
+//! [`crate::rpc::drive_streams`] does ([`Consumer`]); lanes are threads.
 
-use crate::measure::{Bench, Kind, Measurement, Params, Tally, interleave};
+use crate::measure::{Bench, Kind, Measurement, Mode, Params, Tally, interleave};
 use crate::payload;
+use crate::stream::{Chunks, Consumer};
 use crossbeam_channel::bounded;
+use examples::services::StreamPayloads;
 use std::time::{Duration, Instant};
 
-/// The ping-pong as a [`Bench`]: each round runs on two fresh threads.
+/// Payloads a stream's channel holds: about what our default stream
+/// window (256 KiB) holds of 64-byte messages.
+const STREAM_CHANNEL: usize = 4096;
+
+/// The ping-pong (or the streams) as a [`Bench`]: each round runs on fresh
+/// threads.
 #[derive(Debug, Clone)]
 pub struct ChannelBench {
     size: usize,
     window: usize,
+    mode: Mode,
+    stream_len: Option<u64>,
 }
 
 impl ChannelBench {
-    /// The ping-pong for `params`' size and concurrency.
+    /// The ping-pong (or streams) for `params`' mode, size and concurrency.
     pub fn new(params: &Params) -> ChannelBench {
         ChannelBench {
             size: params.size,
             window: params.concurrency,
+            mode: params.mode,
+            stream_len: params.stream_len,
         }
     }
 
     /// What the records call it.
     pub fn url(&self) -> String {
-        format!("channel://crossbeam?threads=2&window={}", self.window)
+        match self.mode {
+            Mode::Unary => format!("channel://crossbeam?threads=2&window={}", self.window),
+            Mode::Stream => format!(
+                "channel://crossbeam?streams={}&capacity={STREAM_CHANNEL}",
+                self.window
+            ),
+        }
     }
 }
 
 impl Bench for ChannelBench {
     fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
-        ping_pong(self.size, first, calls, self.window)
+        match self.mode {
+            Mode::Unary => ping_pong(self.size, first, calls, self.window),
+            Mode::Stream => streams(self.size, calls, self.window, self.stream_len),
+        }
     }
+}
+
+/// Reads `messages` payloads from producer threads, `concurrency` streams
+/// at a time, split as [`Chunks`] splits them.
+fn streams(
+    size: usize,
+    messages: u64,
+    concurrency: usize,
+    stream_len: Option<u64>,
+) -> (Tally, Duration) {
+    let chunks = Chunks::new(messages, concurrency, stream_len);
+    let lane = || {
+        let mut tally = Tally::default();
+        while let Some(count) = chunks.take() {
+            let (tx, rx) = bounded::<Vec<u8>>(STREAM_CHANNEL);
+            let mut consumer = Consumer::start(&mut tally, size, count);
+            let producer = std::thread::spawn(move || {
+                for payload in StreamPayloads::new(count, size) {
+                    if tx.send(payload).is_err() {
+                        break;
+                    }
+                }
+            });
+            for payload in rx {
+                consumer.message(&payload);
+            }
+            let outcome = producer
+                .join()
+                .map_err(|_| "producer thread panicked".to_owned());
+            consumer.end(outcome);
+        }
+        tally
+    };
+    let start = Instant::now();
+    let mut tally = Tally::default();
+    std::thread::scope(|s| {
+        let lanes: Vec<_> = (0..concurrency.max(1)).map(|_| s.spawn(lane)).collect();
+        for l in lanes {
+            tally.merge(l.join().expect("lane panicked"));
+        }
+    });
+    (tally, start.elapsed())
 }
 
 /// Runs the ping-pong alone: warm-up, then the measured calls in one round.

@@ -9,7 +9,7 @@ usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
                  [--baseline tonic|perftest|channel] [--spin-us N]
        rpc-bench --stream --url URL --size BYTES --calls N [--concurrency C]
                  [--stream-len M] [--connections K] [--warmup N] [--json FILE]
-                 [--baseline tonic|perftest] [--spin-us N]
+                 [--baseline tonic|perftest|channel] [--spin-us N]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
@@ -30,8 +30,10 @@ messages (default: N/C per round, one long stream per lane), and prints
 where a gap is the time between two messages of a stream (for the first,
 since the call was issued), MB are 10^6 payload bytes, and cpu_us_per_msg
 is the process's CPU time over the measured messages, divided by their
-number. Baselines: tonic (server streaming, the same messages) and perftest
-(ib_write_bw's message rate at BYTES, perftest's default queue depth).
+number. Baselines: tonic (server streaming, the same messages), channel
+(a producer thread per stream sending the same payloads through a bounded
+crossbeam channel: the in-process floor) and perftest (ib_write_bw's
+message rate at BYTES, perftest's default queue depth).
 
 --baseline measures a reference with the same size, calls and concurrency and
 prints its line and the ratios ours/theirs (tonic and channel run in this
@@ -180,12 +182,6 @@ impl Options {
         if stream && size > u32::MAX as u64 {
             return Err("--size: a stream's messages are at most 4 GiB".into());
         }
-        if stream && baseline == Some(Baseline::Channel) {
-            return Err(
-                "--baseline channel is not implemented for --stream: use tonic (tcp://) or perftest (rdma://)"
-                    .into(),
-            );
-        }
         if baseline == Some(Baseline::Perftest) && !url.starts_with("rdma://") {
             return Err("--baseline perftest needs an rdma:// URL (it runs on that device)".into());
         }
@@ -276,7 +272,6 @@ mod tests {
             "--stream=yes --url mem://a --size 64 --calls 10",
             "--url mem://a --size 64 --calls 10 --concurrency 1 --stream-len 5",
             "--stream --url mem://a --size 64 --calls 10 --stream-len 0",
-            "--stream --url mem://a --size 64 --calls 10 --baseline channel",
             "--stream --url mem://a --size 5000000000 --calls 10",
         ] {
             assert!(parse(bad).is_err(), "accepted {bad:?}");

@@ -42,11 +42,11 @@ pub const FABRICS: &[(&str, Kind, &str)] = &[
 /// A record's place in the sweep: kind, fabric, size, concurrency, connections.
 type Key = (Kind, String, usize, usize, usize);
 
-/// The last record of each (kind, fabric, size, concurrency, connections),
-/// of unary calls (the report does not cover `--stream` records).
-fn latest(records: &[Measurement]) -> BTreeMap<Key, &Measurement> {
+/// The last record of each (kind, fabric, size, concurrency, connections)
+/// in `mode`.
+fn latest(records: &[Measurement], mode: Mode) -> BTreeMap<Key, &Measurement> {
     let mut map = BTreeMap::new();
-    for r in records.iter().filter(|r| r.mode == Mode::Unary) {
+    for r in records.iter().filter(|r| r.mode == mode) {
         map.insert(
             (
                 r.kind,
@@ -94,6 +94,8 @@ pub enum Figure {
 /// A target of the issue, judged from the figures.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// Unary calls or stream messages (the figures then count messages).
+    pub mode: Mode,
     /// Fabric.
     pub fabric: &'static str,
     /// Payload size.
@@ -117,6 +119,7 @@ const fn target(
     bound: f64,
 ) -> Target {
     Target {
+        mode: Mode::Unary,
         fabric,
         size,
         concurrency,
@@ -126,12 +129,28 @@ const fn target(
     }
 }
 
+/// A target on `--stream` records.
+const fn stream_target(
+    fabric: &'static str,
+    size: usize,
+    concurrency: usize,
+    figure: Figure,
+    at_most: bool,
+    bound: f64,
+) -> Target {
+    Target {
+        mode: Mode::Stream,
+        ..target(fabric, size, concurrency, figure, at_most, bound)
+    }
+}
+
 /// The targets, with default settings: tcp:// at 64 B and 1 KiB, at 1, 8
 /// and 64 calls outstanding, p50 ≤ 0.5×, rps ≥ 2× and CPU per call ≤ 0.5×
 /// tonic's; mem:// 64 B p50 ≤ 3× the channel ping-pong at concurrency 1,
 /// and at 64 at least 1,000,000 calls/s at ≤ 1.5 µs of CPU per call;
 /// rdma:// 64 B p50 ≤ 1.5× perftest's at concurrency 1, rps ≥ 0.6×
-/// perftest's at 8, and rps at 8 ≥ 2× rps at 1.
+/// perftest's at 8, and rps at 8 ≥ 2× rps at 1; tcp:// server streaming of
+/// 64 B messages at ≥ 3× tonic's messages per second.
 pub const TARGETS: &[Target] = &[
     target("tcp", 64, 1, Figure::RatioP50, true, 0.5),
     target("tcp", 64, 1, Figure::RatioRps, false, 2.0),
@@ -157,11 +176,21 @@ pub const TARGETS: &[Target] = &[
     target("rdma", 64, 1, Figure::RatioP50, true, 1.5),
     target("rdma", 64, 8, Figure::RatioRps, false, 0.6),
     target("rdma", 64, 8, Figure::RpsOver(1), false, 2.0),
+    stream_target("tcp", 64, 1, Figure::RatioRps, false, 3.0),
 ];
 
 impl Target {
     /// The figure's name as the report shows it, against baseline `rn`.
     fn name(&self, rn: &str) -> String {
+        if self.mode == Mode::Stream {
+            return match self.figure {
+                Figure::RatioP50 => format!("streams: ratio_gap_p50_vs_{rn}"),
+                Figure::RatioRps => format!("streams: ratio_msgs_per_s_vs_{rn}"),
+                Figure::RatioCpu => format!("streams: ratio_cpu_vs_{rn}"),
+                Figure::Rps | Figure::RpsOver(_) => "streams: msgs_per_s".to_owned(),
+                Figure::CpuPerCall => "streams: cpu_us_per_msg".to_owned(),
+            };
+        }
         match self.figure {
             Figure::RatioP50 => format!("ratio_p50_vs_{rn}"),
             Figure::RatioRps => format!("ratio_rps_vs_{rn}"),
@@ -207,7 +236,8 @@ pub fn render(
     preamble: &str,
     svg_dir: &str,
 ) -> (String, Vec<(String, String)>) {
-    let map = latest(records);
+    let map = latest(records, Mode::Unary);
+    let streams = latest(records, Mode::Stream);
     let mut md = String::new();
     let mut svgs = Vec::new();
     md.push_str(preamble.trim_end());
@@ -220,7 +250,12 @@ pub fn render(
         let Some(base) = FABRICS.iter().find(|f| f.0 == t.fabric).map(|f| f.1) else {
             continue;
         };
-        let (value, errors) = t.measure(&map, base);
+        let on = if t.mode == Mode::Stream {
+            &streams
+        } else {
+            &map
+        };
+        let (value, errors) = t.measure(on, base);
         let op = if t.at_most { "≤" } else { "≥" };
         let verdict = match value.filter(|v| v.is_finite()) {
             Some(_) if errors > 0 => "not judged: calls failed",
@@ -256,6 +291,8 @@ pub fn render(
         );
     }
     md.push('\n');
+
+    streams_section(&mut md, &streams);
 
     for &(fabric, base_kind, base_name) in FABRICS {
         let ours: Vec<&Measurement> = map
@@ -428,6 +465,57 @@ pub fn render(
     (md, svgs)
 }
 
+/// The `--stream` records: one table, each run beside its baseline.
+fn streams_section(md: &mut String, streams: &BTreeMap<Key, &Measurement>) {
+    let ours: Vec<&Measurement> = streams
+        .iter()
+        .filter(|((k, _, _, _, _), _)| *k == Kind::Rpc)
+        .map(|(_, r)| *r)
+        .collect();
+    if ours.is_empty() {
+        return;
+    }
+    md.push_str(
+        "## Server streams\n\n`rpc-bench --stream`: messages of echo `Stream` calls, each \
+         checked; a gap is the time between two messages of a stream; CPU is the \
+         process's (client and server) per message.\n\n",
+    );
+    md.push_str(
+        "| fabric | size | streams | messages | errors (both) | gap p50 µs | gap p99 µs | msgs/s | MB/s | CPU µs/msg | baseline | baseline msgs/s | baseline CPU µs/msg | ratio msgs/s | ratio CPU |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
+    );
+    for &(fabric, base_kind, _) in FABRICS {
+        for r in ours.iter().filter(|r| r.fabric == fabric) {
+            let b = streams.get(&(
+                base_kind,
+                fabric.to_owned(),
+                r.size,
+                r.concurrency,
+                r.connections,
+            ));
+            let _ = writeln!(
+                md,
+                "| {fabric}:// | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {:.1} | {} | {} | {} | {} | {} | {} |",
+                size_label(r.size),
+                r.concurrency,
+                r.calls,
+                r.errors + b.map_or(0, |b| b.errors),
+                r.p50_us,
+                r.p99_us,
+                r.rps,
+                r.rps * r.size as f64 / 1e6,
+                fmt_opt(r.cpu_us_per_call, 3),
+                b.map_or("–", |_| base_kind.ratio_name()),
+                fmt_opt(b.map(|b| b.rps), 0),
+                fmt_opt(b.and_then(|b| b.cpu_us_per_call), 3),
+                fmt_opt(b.and_then(|b| b.ratio_rps), 3),
+                fmt_opt(b.and_then(|b| b.ratio_cpu), 3),
+            );
+        }
+    }
+    md.push('\n');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,5 +582,29 @@ mod tests {
         assert!(md.contains("## mem:// (baseline"));
         assert!(md.contains("](report/latency-mem.svg)"));
         assert_eq!(svgs.len(), 2);
+    }
+
+    #[test]
+    fn stream_records_get_their_table_and_target() {
+        let stream = |kind| {
+            let mut r = rec(kind, "tcp", 64, 1, 1);
+            r.mode = Mode::Stream;
+            r
+        };
+        let mut ours = stream(Kind::Rpc);
+        ours.rps = 6_000_000.0;
+        let mut tonic = stream(Kind::Tonic);
+        tonic.rps = 5_000_000.0;
+        tonic.set_ratios(&ours);
+        let (md, _) = render(&[ours, tonic], "# Report", "report");
+        for row in [
+            "| tcp:// | 64 B | 1 | streams: ratio_msgs_per_s_vs_tonic | ≥ 3 | 1.200 | **not met** |",
+            "## Server streams",
+            "| tcp:// | 64 B | 1 | 100 | 0 |",
+        ] {
+            assert!(md.contains(row), "{row} not in\n{md}");
+        }
+        // Stream records are not unary calls: no unary table for them.
+        assert!(md.contains("## tcp://\n\nNo results."), "{md}");
     }
 }
