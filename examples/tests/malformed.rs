@@ -394,6 +394,17 @@ on_soft_fabrics! {
 }
 
 on_soft_fabrics! {
+    fn a_credit_doorbell_that_carries_bytes_closes_the_connection(url: &str) {
+        assert_closes(url, |raw| {
+            let offset = raw.next_offset();
+            // The ack repeats what the server knows (nothing): only the
+            // bytes are wrong.
+            raw.post(offset, &[7; 64], Doorbell::Credit { ack: 0 }.encode()).unwrap();
+        });
+    }
+}
+
+on_soft_fabrics! {
     fn requests_the_server_cannot_serve_get_error_frames(url: &str) {
         let (server, good, mut raw) = setup(url);
         let expect_error = |raw: &mut Raw, method_id: u32, metadata: &[u8], payload: &[u8], code: Code| {

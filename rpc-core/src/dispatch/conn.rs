@@ -343,6 +343,11 @@ impl<F: Fabric> Conn<F> {
         match Doorbell::decode(imm) {
             None => Err(format!("invalid immediate {imm:#010x}")),
             Some(Doorbell::Credit { ack }) => {
+                if byte_len != 0 {
+                    return Err(format!(
+                        "credit doorbell carries {byte_len} bytes (it must carry none)"
+                    ));
+                }
                 let mut s = self.send_state();
                 s.proto
                     .on_ack(ack)

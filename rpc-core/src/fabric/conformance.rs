@@ -395,3 +395,61 @@ pub(crate) fn completions_reach_only_their_queue<F: Fabric>(mut p: Pair<F>, seco
         "nothing else arrived on either queue: {out:?}"
     );
 }
+
+/// A connection's peer can write only into that connection's ring: a
+/// second client given the first connection's ring address and rkey (as a
+/// malicious client might learn or guess them) fails on its own queue pair
+/// and touches nothing, and the first connection goes on.
+pub(crate) fn a_peer_writes_only_its_own_ring<F: Fabric>(p: Pair<F>, attacker: F) {
+    let ring = attacker.register(RING, true).unwrap();
+    let staging = attacker.register(RING, false).unwrap();
+    let accq = attacker.create_cq().unwrap();
+    let (asqp, _s_ring, mut aqp, _own) =
+        connect(&p.server, &p.scq, &p.listener, &attacker, &accq, &ring);
+    p.server.post_recv(2).unwrap();
+    p.s_ring.write(0, RING, |b| b.fill(0xAA));
+    staging.write(0, 64, |b| b.fill(0x66));
+    // The victim's ring, as the victim's client sees it.
+    let wr = write(&staging, &p.s_peer, 0, 64, p.s_peer.rkey, 7);
+    aqp.post_write_imm(&wr).unwrap();
+    let c = if p.poll_both {
+        // A software receiver acts when its queue is polled.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut out = Vec::new();
+        loop {
+            out.clear();
+            p.scq.poll(&mut out, 16);
+            // The attacker's connection may fail on the server too (its
+            // queue pair goes to the error state), never the victim's.
+            if let Some(c) = out.iter().find(|c| c.qp_num != asqp.qp_num()) {
+                panic!("the victim's connection saw the attacker's write: {c:?}");
+            }
+            out.clear();
+            if accq.poll(&mut out, 1) > 0 {
+                break out[0];
+            }
+            assert!(Instant::now() < deadline, "no completion for the attacker");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    } else {
+        wait_one(&accq)
+    };
+    assert_eq!(
+        (c.wr_id, c.status),
+        (42, WcStatus::RemoteAccess),
+        "the write into another connection's ring failed on the attacker's own queue pair"
+    );
+    assert!(
+        p.s_ring.read(0, RING, |b| b.iter().all(|&x| x == 0xAA)),
+        "the victim's ring is untouched"
+    );
+    // The victim's own writes still land.
+    let mut p = p;
+    p.staging.write(0, 8, |b| b.fill(3));
+    p.cqp
+        .post_write_imm(&write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, 33))
+        .unwrap();
+    let got = received(p.next_not_send(End::Server));
+    assert_eq!(got, (p.sqp.qp_num(), 33));
+    assert_eq!(p.s_ring.read(0, 8, |b| b.to_vec()), vec![3; 8]);
+}

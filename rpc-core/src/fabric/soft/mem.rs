@@ -41,6 +41,9 @@ pub(super) struct MemWire {
     /// The completion queue the peer's queue pair reports to.
     peer_cq: Arc<CqInner>,
     peer_qp_num: u32,
+    /// The ring the peer's queue pair advertised: the only one this end
+    /// may write into.
+    peer_ring_rkey: u32,
     /// Set by whichever end closes first; the other end's next post fails.
     peer_dead: Arc<AtomicBool>,
     pending_reply: Option<(Sender<Reply>, Reply)>,
@@ -58,6 +61,7 @@ impl MemWire {
         self.peer.deliver(
             &self.peer_cq,
             self.peer_qp_num,
+            self.peer_ring_rkey,
             wr.remote_addr,
             wr.rkey,
             wr.imm,
@@ -196,6 +200,7 @@ pub(super) fn connect(
                 peer: reply.ctx,
                 peer_cq: reply.cq,
                 peer_qp_num: reply.qp_num,
+                peer_ring_rkey: reply.ring.rkey,
                 peer_dead: reply.dead,
                 pending_reply: None,
             }),
@@ -229,6 +234,7 @@ pub(super) fn accept(
                 peer: incoming.ctx,
                 peer_cq: incoming.cq,
                 peer_qp_num: incoming.qp_num,
+                peer_ring_rkey: incoming.ring.rkey,
                 peer_dead: incoming.dead,
                 pending_reply: Some((incoming.reply, reply)),
             }),

@@ -271,12 +271,20 @@ impl Ctx {
 
     /// The region a peer's write of `len` bytes at `remote_addr` with `rkey`
     /// lands in, and the offset there; `RemoteAccess` if it has no right to.
+    /// A queue pair's peer may write only into the ring `bound` (the rkey of
+    /// the ring that queue pair advertised), as a type-2 memory window bound
+    /// to the queue pair allows on verbs: another connection's ring is out
+    /// of reach even with its address and rkey.
     fn target(
         &self,
         remote_addr: u64,
         rkey: u32,
         len: usize,
+        bound: u32,
     ) -> Result<(Arc<RegionInner>, usize), WcStatus> {
+        if rkey != bound {
+            return Err(WcStatus::RemoteAccess);
+        }
         let region = self
             .regions
             .lock()
@@ -297,11 +305,14 @@ impl Ctx {
     }
 
     /// What the receiving NIC does with an incoming write-with-imm of the
-    /// queue pair `qp_num`, which reports to `cq`.
+    /// queue pair `qp_num`, which reports to `cq` and whose peer may write
+    /// only into the region `bound`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn deliver(
         &self,
         cq: &CqInner,
         qp_num: u32,
+        bound: u32,
         remote_addr: u64,
         rkey: u32,
         imm: u32,
@@ -310,7 +321,7 @@ impl Ctx {
         let region = if data.is_empty() {
             None
         } else {
-            Some(self.target(remote_addr, rkey, data.len())?)
+            Some(self.target(remote_addr, rkey, data.len(), bound)?)
         };
         if !self.take_recv() {
             return Err(WcStatus::RnrRetryExceeded);

@@ -382,6 +382,9 @@ struct Rx {
 /// One tcp:// queue pair's socket: its receiving NIC and its send queue.
 pub(super) struct TcpConn {
     qp_num: u32,
+    /// The rkey of the ring this queue pair advertised: the peer's writes
+    /// may land only there.
+    ring_rkey: u32,
     ctx: Arc<Ctx>,
     stream: TcpStream,
     /// Shared with the [`SoftQp`]: set when either side fails or closes it.
@@ -707,13 +710,13 @@ impl TcpConn {
                 let target = if len == 0 {
                     None
                 } else {
-                    match self.ctx.target(addr, rkey, len) {
+                    match self.ctx.target(addr, rkey, len, self.ring_rkey) {
                         Ok(t) => Some(t),
                         Err(status) => {
-                            tracing::debug!(
+                            tracing::warn!(
                                 qp_num = self.qp_num,
                                 len,
-                                "rejected a write outside any region"
+                                "closing connection: the peer wrote outside its ring"
                             );
                             rx.state = RxState::Done;
                             self.nak(wr_id, imm, status, cq);
@@ -944,7 +947,7 @@ pub(super) fn connect(
     setup(&stream, local.timeout)?;
     bootstrap::send(&mut stream, &local_hello(qp_num, &local))?;
     let peer = bootstrap::recv(&mut stream, HelloFabric::Tcp)?;
-    finish(ctx, cq, stream, qp_num, peer, None)
+    finish(ctx, cq, stream, qp_num, local.ring.rkey(), peer, None)
 }
 
 pub(super) fn accept(
@@ -957,7 +960,15 @@ pub(super) fn accept(
     let peer = bootstrap::recv(&mut stream, HelloFabric::Tcp)?;
     let qp_num = next_qp_num();
     let hello = local_hello(qp_num, &local);
-    finish(ctx, cq, stream, qp_num, peer, Some(hello))
+    finish(
+        ctx,
+        cq,
+        stream,
+        qp_num,
+        local.ring.rkey(),
+        peer,
+        Some(hello),
+    )
 }
 
 fn setup(stream: &TcpStream, timeout: Duration) -> Result<(), FabricError> {
@@ -974,6 +985,7 @@ fn finish(
     cq: &Arc<CqInner>,
     stream: TcpStream,
     qp_num: u32,
+    ring_rkey: u32,
     peer: Hello,
     pending_hello: Option<Hello>,
 ) -> Result<Connected<SoftQp>, FabricError> {
@@ -990,6 +1002,7 @@ fn finish(
     let dead = Arc::new(AtomicBool::new(false));
     let conn = Arc::new(TcpConn {
         qp_num,
+        ring_rkey,
         ctx: ctx.clone(),
         stream,
         dead: dead.clone(),

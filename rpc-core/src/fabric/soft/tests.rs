@@ -77,6 +77,7 @@ on_both! {
     connections_share_one_srq => |u| c::connections_share_one_srq(soft_pair(u, DEFAULT_RNR_TIMEOUT), SoftFabric::new());
     completions_reach_only_their_queue => |u| c::completions_reach_only_their_queue(soft_pair(u, DEFAULT_RNR_TIMEOUT), SoftFabric::new());
     closing_a_queue_pair_is_seen_by_the_peer => |u| c::close_is_seen_by_the_peer(soft_pair(u, DEFAULT_RNR_TIMEOUT));
+    a_peer_writes_only_its_own_ring => |u| c::a_peer_writes_only_its_own_ring(soft_pair(u, DEFAULT_RNR_TIMEOUT), SoftFabric::new());
     rejected_write_consumes_no_receive_and_kills_the_qp => check_rejected_write_consumes_no_receive_and_kills_the_qp;
     empty_srq_behaves_like_rnr => check_empty_srq_is_rnr;
     rnr_waits_for_a_posted_receive => check_rnr_waits_for_a_receive;
