@@ -56,6 +56,7 @@ pub mod fabric;
 pub mod health;
 mod idmap;
 mod metadata;
+mod pages;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod protocol;

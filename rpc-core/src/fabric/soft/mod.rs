@@ -26,6 +26,7 @@ use super::{
     LocalSetup, QueuePair, Region, Scheme, WcStatus, WriteImm,
 };
 use crate::idmap::IdMap;
+use crate::pages::Pages;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
@@ -378,7 +379,7 @@ struct RegionInner {
     addr: u64,
     len: usize,
     rkey: u32,
-    data: RwLock<Box<[u8]>>,
+    data: RwLock<Pages>,
     ctx: Weak<Ctx>,
 }
 
@@ -613,7 +614,7 @@ impl Fabric for SoftFabric {
             addr,
             len,
             rkey,
-            data: RwLock::new(vec![0u8; len].into_boxed_slice()),
+            data: RwLock::new(Pages::new(len).map_err(|e| FabricError::io("mmap", e))?),
             ctx: Arc::downgrade(&self.ctx),
         });
         if remote_write {

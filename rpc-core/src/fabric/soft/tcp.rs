@@ -28,6 +28,7 @@ use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
     WcStatus, WriteImm,
 };
+use crate::pages::Pages;
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use slab::Slab;
@@ -53,7 +54,7 @@ const DIRECT_READ: usize = 16 << 10;
 /// Bytes read from one socket per poll before the others get their turn.
 const READ_BUDGET: usize = 1 << 20;
 /// A region read-locked while its bytes are written out.
-type RegionGuard<'a> = (&'a SoftRegion, RwLockReadGuard<'a, Box<[u8]>>);
+type RegionGuard<'a> = (&'a SoftRegion, RwLockReadGuard<'a, Pages>);
 
 /// Writes of one post gathered into one vectored write.
 const MAX_GATHER: usize = 64;

@@ -5,7 +5,7 @@
 
 use super::ffi;
 use crate::fabric::FabricError;
-use std::alloc::Layout;
+use crate::pages::Pages;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -416,7 +416,9 @@ pub(super) struct Mr {
     pub(super) remote_write: bool,
     /// Serializes local access, so a `&mut` view never aliases another view.
     pub(super) access: std::sync::Mutex<()>,
-    layout: Layout,
+    /// The memory `buf` points into: its own mapping, given back to the
+    /// system when the region goes (`None` only while dropping).
+    pages: Option<Pages>,
     _pd: Arc<Pd>,
 }
 
@@ -429,18 +431,15 @@ unsafe impl Sync for Mr {}
 
 impl Mr {
     pub(super) fn new(pd: Arc<Pd>, len: usize, remote_write: bool) -> Result<Mr, FabricError> {
-        let layout = Layout::from_size_align(len.max(1), 4096)
-            .map_err(|e| FabricError::invalid("ibv_reg_mr", e.to_string()))?;
-        // SAFETY: the layout has a non-zero size.
-        let buf = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(|| {
-            FabricError::invalid("ibv_reg_mr", format!("cannot allocate {len} bytes"))
-        })?;
+        let mut pages = Pages::new(len.max(1)).map_err(|e| FabricError::io("mmap", e))?;
+        let buf = NonNull::new(pages.as_mut_ptr())
+            .ok_or_else(|| FabricError::invalid("ibv_reg_mr", format!("cannot map {len} bytes")))?;
         let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if remote_write {
             access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         }
         // SAFETY: `buf` points to `len` owned bytes that outlive the MR (they
-        // are freed only after deregistration, in Drop); the PD is alive.
+        // are unmapped only after deregistration, in Drop); the PD is alive.
         let mr =
             unsafe { ffi::ibv_reg_mr(pd.ptr.as_ptr(), buf.as_ptr().cast(), len, access as i32) };
         match NonNull::new(mr) {
@@ -450,15 +449,11 @@ impl Mr {
                 len,
                 remote_write,
                 access: std::sync::Mutex::new(()),
-                layout,
+                pages: Some(pages),
                 _pd: pd,
             }),
-            None => {
-                let err = os_error("ibv_reg_mr");
-                // SAFETY: allocated above with this layout and not registered.
-                unsafe { std::alloc::dealloc(buf.as_ptr(), layout) };
-                Err(err)
-            }
+            // Not registered: the mapping goes with `pages`.
+            None => Err(os_error("ibv_reg_mr")),
         }
     }
 
@@ -483,10 +478,10 @@ impl Drop for Mr {
             // The device may still reach the buffer: leak it rather than free it.
             let e = rc_error("ibv_dereg_mr", rc);
             tracing::error!(error = %e, "leaking a buffer the device may still use");
-            return;
+            std::mem::forget(self.pages.take());
         }
-        // SAFETY: allocated in `new` with this layout; the device no longer uses it.
-        unsafe { std::alloc::dealloc(self.buf.as_ptr(), self.layout) };
+        // Otherwise the mapping is unmapped with `pages`: the device no
+        // longer uses it.
     }
 }
 
