@@ -135,10 +135,34 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    /// Binds the URL's host and port (0 picks a free port).
+    /// Binds the URL's host and port (0 picks a free port), with the
+    /// largest listen backlog the system allows (`net.core.somaxconn`; the
+    /// standard library's 128 makes a burst of connects wait a second for a
+    /// SYN retry).
     pub fn bind(url: &FabricUrl) -> Result<Acceptor, FabricError> {
-        let inner = std::net::TcpListener::bind(url.socket_addr())
+        let target = url.socket_addr();
+        let mut last = None;
+        let addrs = target
+            .to_socket_addrs()
             .map_err(|e| FabricError::io("bind", e))?;
+        let mut bound = None;
+        for a in addrs {
+            match listen(a) {
+                Ok(l) => {
+                    bound = Some(l);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let inner = bound.ok_or_else(|| {
+            FabricError::io(
+                "bind",
+                last.unwrap_or_else(|| {
+                    std::io::Error::other(format!("{target} resolves to no address"))
+                }),
+            )
+        })?;
         let addr = inner.local_addr().map_err(|e| FabricError::io("bind", e))?;
         Ok(Acceptor {
             inner,
@@ -187,6 +211,18 @@ impl Acceptor {
     }
 }
 
+/// A listening socket on `addr` with the system's largest backlog.
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    // As the standard library does: a restarted server rebinds at once.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    // The kernel caps the backlog at net.core.somaxconn.
+    socket.listen(i32::from(u16::MAX))?;
+    Ok(socket.into())
+}
+
 /// Connects to the URL's host and port, trying each address it resolves to.
 pub fn dial(url: &FabricUrl, timeout: Duration) -> Result<TcpStream, FabricError> {
     let target = url.socket_addr();
@@ -230,6 +266,24 @@ pub fn recv(stream: &mut impl Read, fabric: HelloFabric) -> Result<Hello, Fabric
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A burst of connects while the acceptor is busy all land in the
+    /// backlog at once: none waits a second for a SYN retry (as beyond the
+    /// standard library's backlog of 128 they would).
+    #[test]
+    fn a_burst_of_connects_fits_the_backlog() {
+        let acceptor = Acceptor::bind(&FabricUrl::parse("tcp://127.0.0.1:0").unwrap()).unwrap();
+        let addr = acceptor.addr;
+        let burst: Vec<TcpStream> = (0..600)
+            .map(|i| {
+                TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+                    .unwrap_or_else(|e| panic!("connect {i} waited: {e}"))
+            })
+            .collect();
+        assert_eq!(burst.len(), 600);
+        // They are all there to accept.
+        assert!(acceptor.next().unwrap().is_some());
+    }
 
     fn hello() -> Hello {
         Hello {
