@@ -1,9 +1,13 @@
 //! A closed-loop client workload against the kv service, shared by
 //! `kv-client bench` and `demo`: each worker thread issues blocking calls
-//! back to back, half puts and half gets, and checks every get.
+//! back to back, half puts and half gets, and checks every get. A lost
+//! connection (`Unavailable`) stops the run: every later call would fail
+//! the same way.
 
 use crate::kv::{GetRequest, PutRequest, kv_client::KvClient};
 use hdrhistogram::Histogram;
+use rpc_core::{Code, Status};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Keys the workload cycles through.
@@ -12,28 +16,49 @@ const KEYS: u64 = 1024;
 /// What a run measured.
 #[derive(Debug, Clone)]
 pub struct Summary {
-    /// Calls issued.
+    /// Calls made (fewer than asked if the run stopped early).
     pub calls: u64,
     /// Calls that failed or returned a wrong value.
     pub errors: u64,
-    /// Median latency, microseconds.
-    pub p50_us: f64,
-    /// 99th-percentile latency, microseconds.
-    pub p99_us: f64,
-    /// Calls per second over the whole run.
+    /// Median latency of the successful calls, microseconds (None if none
+    /// succeeded).
+    pub p50_us: Option<f64>,
+    /// 99th-percentile latency of the successful calls, microseconds.
+    pub p99_us: Option<f64>,
+    /// Successful calls per second over the whole run.
     pub rps: f64,
-    /// The first error seen, if any.
-    pub first_error: Option<String>,
+    /// The first error seen, if any, with its status code.
+    pub first_error: Option<Status>,
+    /// The run stopped early: the connection was lost.
+    pub stopped: bool,
 }
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
         write!(
             f,
-            "calls={} errors={} p50_us={:.1} p99_us={:.1} rps={:.0}",
-            self.calls, self.errors, self.p50_us, self.p99_us, self.rps
-        )
+            "calls={} errors={} p50_us={} p99_us={} rps={:.0}",
+            self.calls,
+            self.errors,
+            us(self.p50_us),
+            us(self.p99_us),
+            self.rps
+        )?;
+        if self.stopped {
+            write!(f, " stopped=connection-lost")?;
+        }
+        Ok(())
     }
+}
+
+/// What one worker measured.
+struct Worker {
+    /// Latencies of successful calls, ns.
+    hist: Histogram<u64>,
+    made: u64,
+    errors: u64,
+    first_error: Option<(Instant, Status)>,
 }
 
 /// The value the workload stores under `key`: derived from it, so any get
@@ -45,15 +70,19 @@ pub fn value_for(key: &str) -> Vec<u8> {
 }
 
 /// Runs `calls` calls over `concurrency` threads sharing `client`'s connection.
+/// Runs `calls` calls over `concurrency` threads sharing `client`'s
+/// connection, until done or the connection is lost.
 pub fn run(client: &KvClient, calls: u64, concurrency: usize) -> Summary {
     let concurrency = concurrency.max(1) as u64;
+    let stop = AtomicBool::new(false);
     let start = Instant::now();
-    let results: Vec<(Histogram<u64>, u64, Option<String>)> = std::thread::scope(|s| {
+    let results: Vec<Worker> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..concurrency)
             .map(|w| {
                 let client = client.clone();
                 let n = calls / concurrency + u64::from(w < calls % concurrency);
-                s.spawn(move || worker(&client, w, n))
+                let stop = &stop;
+                s.spawn(move || worker(&client, w, n, stop))
             })
             .collect();
         workers
@@ -62,29 +91,46 @@ pub fn run(client: &KvClient, calls: u64, concurrency: usize) -> Summary {
             .collect()
     });
     let elapsed = start.elapsed();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
-    let mut errors = 0;
-    let mut first_error = None;
-    for (h, e, first) in results {
-        hist.add(&h).expect("same bounds");
-        errors += e;
-        first_error = first_error.or(first);
+    let mut hist = new_histogram();
+    let (mut made, mut errors) = (0, 0);
+    let mut first_error: Option<(Instant, Status)> = None;
+    for r in results {
+        hist.add(&r.hist).expect("same bounds");
+        made += r.made;
+        errors += r.errors;
+        if let Some((at, status)) = r.first_error {
+            if first_error.as_ref().is_none_or(|(first, _)| at < *first) {
+                first_error = Some((at, status));
+            }
+        }
     }
+    let quantile = |q| (!hist.is_empty()).then(|| hist.value_at_quantile(q) as f64 / 1000.0);
     Summary {
-        calls,
+        calls: made,
         errors,
-        p50_us: hist.value_at_quantile(0.50) as f64 / 1000.0,
-        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
-        rps: calls as f64 / elapsed.as_secs_f64().max(f64::EPSILON),
-        first_error,
+        p50_us: quantile(0.50),
+        p99_us: quantile(0.99),
+        rps: hist.len() as f64 / elapsed.as_secs_f64().max(f64::EPSILON),
+        first_error: first_error.map(|(_, s)| s),
+        stopped: stop.load(Ordering::Relaxed),
     }
 }
 
-fn worker(client: &KvClient, w: u64, n: u64) -> (Histogram<u64>, u64, Option<String>) {
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
-    let mut errors = 0;
-    let mut first_error = None;
+fn new_histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
+}
+
+fn worker(client: &KvClient, w: u64, n: u64, stop: &AtomicBool) -> Worker {
+    let mut out = Worker {
+        hist: new_histogram(),
+        made: 0,
+        errors: 0,
+        first_error: None,
+    };
     for i in 0..n {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         let key = format!("key-{}", (w * 7919 + i) % KEYS);
         let t = Instant::now();
         let outcome = if i % 2 == 0 {
@@ -106,12 +152,20 @@ fn worker(client: &KvClient, w: u64, n: u64) -> (Histogram<u64>, u64, Option<Str
                     _ => Ok(()),
                 })
         };
-        let ns = t.elapsed().max(Duration::from_nanos(1)).as_nanos() as u64;
-        hist.saturating_record(ns);
-        if let Err(status) = outcome {
-            errors += 1;
-            first_error.get_or_insert_with(|| status.to_string());
+        out.made += 1;
+        match outcome {
+            Ok(()) => {
+                let ns = t.elapsed().max(Duration::from_nanos(1)).as_nanos() as u64;
+                out.hist.saturating_record(ns);
+            }
+            Err(status) => {
+                out.errors += 1;
+                if status.code() == Code::Unavailable {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                out.first_error.get_or_insert((Instant::now(), status));
+            }
         }
     }
-    (hist, errors, first_error)
+    out
 }

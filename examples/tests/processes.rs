@@ -272,6 +272,54 @@ on_network_fabrics! {
     }
 }
 
+on_network_fabrics! {
+    fn kv_client_bench_stops_on_a_lost_connection(url: &str) {
+        const CONCURRENCY: u64 = 8;
+        let server = KvServerProc::start(url);
+        let mut bench = Proc::spawn(Command::new(env!("CARGO_BIN_EXE_kv-client")).args([
+            "--connect",
+            &server.url,
+            "bench",
+            "--calls",
+            "100000000",
+            "--concurrency",
+            &CONCURRENCY.to_string(),
+        ]));
+        let mut stdout = bench.child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = stdout.read_to_string(&mut out);
+            out
+        });
+        // Calls in flight, then the server dies.
+        std::thread::sleep(Duration::from_millis(500));
+        let mut server = server;
+        server.proc.kill();
+        let killed = Instant::now();
+        let status = bench.wait();
+        let took = killed.elapsed();
+        let stdout = reader.join().unwrap();
+        let stderr = bench.all_stderr();
+        assert_eq!(status.code(), Some(1), "{stdout}\n{stderr}");
+        assert!(took < Duration::from_secs(10), "the bench went on for {took:?} after the kill");
+        assert!(stdout.contains("stopped=connection-lost"), "{stdout}");
+        // The real status, not `unknown`.
+        assert!(stderr.contains("bench failed: unavailable"), "{stderr}");
+        // Each worker stops after the failure it saw: no flood of failures,
+        // and latencies come from the calls that succeeded.
+        let errors: u64 = stdout
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("errors="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no errors= in {stdout:?}"));
+        assert!(
+            (1..=2 * CONCURRENCY).contains(&errors),
+            "{errors} failures reported: {stdout}"
+        );
+        assert!(!stdout.contains("p50_us=-"), "successful calls were timed: {stdout}");
+    }
+}
+
 /// Counts the calls a service completed, and lets a test wait for a number.
 struct Counted<S> {
     inner: S,

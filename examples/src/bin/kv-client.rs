@@ -118,10 +118,18 @@ fn main() {
                 if let Some(e) = &summary.first_error {
                     eprintln!("first error: {e}");
                 }
-                if summary.errors > 0 {
-                    Err(Status::unknown(format!("{} calls failed", summary.errors)))
-                } else {
-                    Ok(())
+                match summary.first_error {
+                    // The real status of the first failure: a lost connection
+                    // says Unavailable, not that some calls failed.
+                    Some(first) if summary.errors > 0 => Err(Status::new(
+                        first.code(),
+                        format!(
+                            "{} calls failed, the first with: {}",
+                            summary.errors,
+                            first.message()
+                        ),
+                    )),
+                    _ => Ok(()),
                 }
             }
             ("health", service) => {
