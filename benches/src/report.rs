@@ -129,18 +129,13 @@ const fn target(
     }
 }
 
-/// A target on `--stream` records.
-const fn stream_target(
-    fabric: &'static str,
-    size: usize,
-    concurrency: usize,
-    figure: Figure,
-    at_most: bool,
-    bound: f64,
-) -> Target {
-    Target {
-        mode: Mode::Stream,
-        ..target(fabric, size, concurrency, figure, at_most, bound)
+impl Target {
+    /// The same target, judged on `--stream` records.
+    const fn on_streams(self) -> Target {
+        Target {
+            mode: Mode::Stream,
+            ..self
+        }
     }
 }
 
@@ -176,7 +171,7 @@ pub const TARGETS: &[Target] = &[
     target("rdma", 64, 1, Figure::RatioP50, true, 1.5),
     target("rdma", 64, 8, Figure::RatioRps, false, 0.6),
     target("rdma", 64, 8, Figure::RpsOver(1), false, 2.0),
-    stream_target("tcp", 64, 1, Figure::RatioRps, false, 3.0),
+    target("tcp", 64, 1, Figure::RatioRps, false, 3.0).on_streams(),
 ];
 
 impl Target {
