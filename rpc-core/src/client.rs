@@ -742,12 +742,7 @@ impl<F: Fabric> Role<F> for ClientRole {
             FrameKind::Response | FrameKind::Error | FrameKind::Message | FrameKind::Window => {}
             FrameKind::Credit => return,
             kind => {
-                tracing::warn!(
-                    qp_num = conn.qp_num,
-                    ?kind,
-                    "closing connection: server sent a client-bound frame kind"
-                );
-                ep.close(conn, "server sent an unexpected frame kind");
+                ep.close_for_violation(conn, &format!("server sent a {kind:?} frame"));
                 return;
             }
         }
@@ -778,8 +773,7 @@ impl<F: Fabric> Role<F> for ClientRole {
             // A unary call: completed by a response or an error only.
             if !matches!(h.kind, FrameKind::Response | FrameKind::Error) {
                 drop(calls);
-                tracing::warn!(qp_num = conn.qp_num, kind = ?h.kind, "closing connection: stream frame for a unary call");
-                ep.close(conn, "server sent a stream frame for a unary call");
+                ep.close_for_violation(conn, "server sent a stream frame for a unary call");
                 return;
             }
             let call = calls.complete(id);
@@ -797,10 +791,9 @@ impl<F: Fabric> Role<F> for ClientRole {
             calls.complete(id);
         }
         drop(calls);
-        let body_len = h.metadata_len as usize + h.payload_len as usize;
         let applied = match h.kind {
             FrameKind::Message => match frame.metadata {
-                Some(md) => core.on_message(frame.payload, h.timeout_us, Some(md), body_len),
+                Some(md) => core.on_message(&h, frame.payload, md),
                 None => {
                     self.fail_stream(conn, id, &core, "server sent malformed stream metadata");
                     return;
@@ -817,8 +810,7 @@ impl<F: Fabric> Role<F> for ClientRole {
             }
         };
         if let Err(e) = applied {
-            tracing::warn!(qp_num = conn.qp_num, error = %e, "closing connection: stream protocol violation");
-            ep.close(conn, &format!("stream protocol violation: {e}"));
+            ep.close_for_violation(conn, &format!("stream protocol violation: {e}"));
         }
     }
 

@@ -925,12 +925,7 @@ impl<F: Fabric> Role<F> for ServerRole {
             }
             FrameKind::Credit => return,
             kind => {
-                tracing::warn!(
-                    qp_num = conn.qp_num,
-                    ?kind,
-                    "closing connection: client sent a server-bound frame kind"
-                );
-                ep.close(conn, "client sent an unexpected frame kind");
+                ep.close_for_violation(conn, &format!("client sent a {kind:?} frame"));
                 return;
             }
         }
@@ -1017,14 +1012,9 @@ impl ServerRole {
                 Ok(())
             }
             (Registered::Stream(core), FrameKind::Message) => match frame.metadata {
-                Some(md) => core.on_message(
-                    frame.payload,
-                    h.timeout_us,
-                    Some(md),
-                    h.metadata_len as usize + h.payload_len as usize,
-                ),
+                Some(md) => core.on_message(&h, frame.payload, md),
                 None => {
-                    ep.close(conn, "client sent malformed stream metadata");
+                    ep.close_for_violation(conn, "client sent malformed stream metadata");
                     return;
                 }
             },
@@ -1033,20 +1023,17 @@ impl ServerRole {
             }
             (Registered::Stream(core), FrameKind::Window) => core.on_grant(h.timeout_us),
             (Registered::Unary(_), kind) => {
-                tracing::warn!(
-                    qp_num = conn.qp_num,
-                    ?kind,
-                    "closing connection: stream frame for a unary call"
+                ep.close_for_violation(
+                    conn,
+                    &format!("client sent a {kind:?} frame for a unary call"),
                 );
-                ep.close(conn, "client sent a stream frame for a unary call");
                 return;
             }
             // Only the kinds above are routed here.
             (Registered::Stream(_), _) => Ok(()),
         };
         if let Err(e) = applied {
-            tracing::warn!(qp_num = conn.qp_num, error = %e, "closing connection: stream protocol violation");
-            ep.close(conn, &format!("stream protocol violation: {e}"));
+            ep.close_for_violation(conn, &format!("stream protocol violation: {e}"));
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::dispatch::{OutFrame, encode_exact};
 use crate::protocol::stream::{
     Inbound, MAX_BATCH, RECORD_PREFIX, Records, RecvWindow, SendWindow, StreamError,
 };
-use crate::protocol::{CallId, FrameKind};
+use crate::protocol::{CallId, FrameKind, Header};
 use crate::{Code, Metadata, Request, Response, Status};
 use futures_core::Stream;
 use prost::bytes::Bytes;
@@ -206,26 +206,27 @@ impl StreamCore {
         lock(&self.st)
     }
 
-    /// A `Message` frame of `count` messages arrived (dispatcher):
-    /// `body_len` is its metadata and payload length, what the window
-    /// counts.
+    /// A `Message` frame arrived (dispatcher), with its decoded metadata:
+    /// its header says how many messages the payload holds, and its body
+    /// (metadata and payload) is what the window counts.
     pub(crate) fn on_message(
         &self,
+        header: &Header,
         payload: Vec<u8>,
-        count: u32,
-        metadata: Option<Metadata>,
-        body_len: usize,
+        metadata: Metadata,
     ) -> Result<(), StreamError> {
         if !self.messages {
             return Err(StreamError::MessageNotExpected);
         }
+        let count = header.timeout_us;
+        let body_len = header.metadata_len as usize + header.payload_len as usize;
         Records::check(&payload, count)?;
         let waker = {
             let mut st = self.state();
             st.inbound.on_message()?;
             st.recv.on_message(body_len)?;
             if st.headers.is_none() {
-                st.headers = Some(metadata.unwrap_or_default());
+                st.headers = Some(metadata);
             }
             st.inbox.push_back(Entry {
                 data: payload,

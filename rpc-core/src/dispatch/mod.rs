@@ -249,6 +249,13 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         }
     }
 
+    /// Closes `conn` because its peer broke the protocol: a warning with
+    /// the peer and `why`, then [`Endpoint::close`] with `why`.
+    pub(crate) fn close_for_violation(&self, conn: &Arc<Conn<F>>, why: &str) {
+        tracing::warn!(qp_num = conn.qp_num, peer = %conn.peer_addr, %why, "closing connection: protocol violation");
+        self.close(conn, why);
+    }
+
     /// Posts receives in place of `consumed` ones (see [`SrqProvision`]).
     fn replenish(&self, consumed: u32) -> Result<(), Status> {
         self.srq.replenish(&self.fabric, consumed)
@@ -624,10 +631,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 let deliver = &mut |frame| self.role.on_frame(self, &conn, frame);
                 match conn.on_doorbell(imm, byte_len, conn.max_message, deliver) {
                     Ok(()) => {}
-                    Err(why) => {
-                        tracing::warn!(qp_num = conn.qp_num, peer = %conn.peer_addr, %why, "closing connection: protocol violation");
-                        self.close(&conn, &why);
-                    }
+                    Err(why) => self.close_for_violation(&conn, &why),
                 }
             }
         }
