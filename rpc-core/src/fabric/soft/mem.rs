@@ -1,6 +1,6 @@
 //! `mem://name`: both ends in one process.
 
-use super::{CqInner, Ctx, SoftQp, SoftRegion, Wire, next_qp_num};
+use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
 use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, LocalSetup, PeerRing, Region, WcStatus,
     WriteImm,
@@ -8,7 +8,7 @@ use crate::fabric::{
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 type Registry = Mutex<HashMap<String, Sender<Option<MemIncoming>>>>;
 
@@ -23,6 +23,8 @@ pub struct MemIncoming {
     cq: Arc<CqInner>,
     qp_num: u32,
     ring: PeerRing,
+    /// The ring itself: the only one the accepting side may write into.
+    binding: Weak<RegionInner>,
     dead: Arc<AtomicBool>,
     reply: Sender<Reply>,
 }
@@ -32,6 +34,8 @@ struct Reply {
     cq: Arc<CqInner>,
     qp_num: u32,
     ring: PeerRing,
+    /// The ring itself: the only one the connecting side may write into.
+    binding: Weak<RegionInner>,
     dead: Arc<AtomicBool>,
 }
 
@@ -43,7 +47,7 @@ pub(super) struct MemWire {
     peer_qp_num: u32,
     /// The ring the peer's queue pair advertised: the only one this end
     /// may write into.
-    peer_ring_rkey: u32,
+    peer_ring: Weak<RegionInner>,
     /// Set by whichever end closes first; the other end's next post fails.
     peer_dead: Arc<AtomicBool>,
     pending_reply: Option<(Sender<Reply>, Reply)>,
@@ -61,7 +65,7 @@ impl MemWire {
         self.peer.deliver(
             &self.peer_cq,
             self.peer_qp_num,
-            self.peer_ring_rkey,
+            &self.peer_ring,
             wr.remote_addr,
             wr.rkey,
             wr.imm,
@@ -179,6 +183,7 @@ pub(super) fn connect(
         cq: cq.clone(),
         qp_num,
         ring: peer_ring(&local),
+        binding: local.ring.binding(),
         dead: dead.clone(),
         reply: reply_tx,
     };
@@ -200,7 +205,7 @@ pub(super) fn connect(
                 peer: reply.ctx,
                 peer_cq: reply.cq,
                 peer_qp_num: reply.qp_num,
-                peer_ring_rkey: reply.ring.rkey,
+                peer_ring: reply.binding,
                 peer_dead: reply.dead,
                 pending_reply: None,
             }),
@@ -223,6 +228,7 @@ pub(super) fn accept(
         cq: cq.clone(),
         qp_num,
         ring: peer_ring(&local),
+        binding: local.ring.binding(),
         dead: dead.clone(),
     };
     Ok(Connected {
@@ -234,7 +240,7 @@ pub(super) fn accept(
                 peer: incoming.ctx,
                 peer_cq: incoming.cq,
                 peer_qp_num: incoming.qp_num,
-                peer_ring_rkey: incoming.ring.rkey,
+                peer_ring: incoming.binding,
                 peer_dead: incoming.dead,
                 pending_reply: Some((incoming.reply, reply)),
             }),

@@ -25,7 +25,6 @@ use super::{
     Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError, FabricUrl,
     LocalSetup, QueuePair, Region, Scheme, WcStatus, WriteImm,
 };
-use crate::idmap::IdMap;
 use crate::pages::Pages;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -61,7 +60,6 @@ impl std::fmt::Debug for SoftFabric {
 }
 
 pub(crate) struct Ctx {
-    regions: Mutex<IdMap<Weak<RegionInner>>>,
     srq: AtomicU64,
     srq_waiters: Mutex<usize>,
     srq_cond: Condvar,
@@ -270,50 +268,15 @@ impl Ctx {
         got
     }
 
-    /// The region a peer's write of `len` bytes at `remote_addr` with `rkey`
-    /// lands in, and the offset there; `RemoteAccess` if it has no right to.
-    /// A queue pair's peer may write only into the ring `bound` (the rkey of
-    /// the ring that queue pair advertised), as a type-2 memory window bound
-    /// to the queue pair allows on verbs: another connection's ring is out
-    /// of reach even with its address and rkey.
-    fn target(
-        &self,
-        remote_addr: u64,
-        rkey: u32,
-        len: usize,
-        bound: u32,
-    ) -> Result<(Arc<RegionInner>, usize), WcStatus> {
-        if rkey != bound {
-            return Err(WcStatus::RemoteAccess);
-        }
-        let region = self
-            .regions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&rkey)
-            .and_then(Weak::upgrade)
-            .ok_or(WcStatus::RemoteAccess)?;
-        let start = remote_addr
-            .checked_sub(region.addr)
-            .ok_or(WcStatus::RemoteAccess)?;
-        let end = start
-            .checked_add(len as u64)
-            .ok_or(WcStatus::RemoteAccess)?;
-        if end > region.len as u64 {
-            return Err(WcStatus::RemoteAccess);
-        }
-        Ok((region, start as usize))
-    }
-
     /// What the receiving NIC does with an incoming write-with-imm of the
     /// queue pair `qp_num`, which reports to `cq` and whose peer may write
-    /// only into the region `bound`.
+    /// only into `ring` (see [`target`]).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn deliver(
+    fn deliver(
         &self,
         cq: &CqInner,
         qp_num: u32,
-        bound: u32,
+        ring: &Weak<RegionInner>,
         remote_addr: u64,
         rkey: u32,
         imm: u32,
@@ -322,7 +285,7 @@ impl Ctx {
         let region = if data.is_empty() {
             None
         } else {
-            Some(self.target(remote_addr, rkey, data.len(), bound)?)
+            Some(target(ring, remote_addr, rkey, data.len())?)
         };
         if !self.take_recv() {
             return Err(WcStatus::RnrRetryExceeded);
@@ -354,7 +317,6 @@ impl SoftFabric {
     pub fn with_rnr_timeout(rnr_timeout: Duration) -> SoftFabric {
         SoftFabric {
             ctx: Arc::new(Ctx {
-                regions: Mutex::new(IdMap::default()),
                 srq: AtomicU64::new(0),
                 srq_waiters: Mutex::new(0),
                 srq_cond: Condvar::new(),
@@ -378,28 +340,50 @@ impl Default for SoftFabric {
 struct RegionInner {
     addr: u64,
     len: usize,
+    /// 0 for a region peers may not write.
     rkey: u32,
     data: RwLock<Pages>,
-    ctx: Weak<Ctx>,
 }
 
-impl Drop for RegionInner {
-    fn drop(&mut self) {
-        if self.rkey != 0 {
-            if let Some(ctx) = self.ctx.upgrade() {
-                ctx.regions
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&self.rkey);
-            }
-        }
+/// Where a peer's write of `len` bytes at `remote_addr` with `rkey` lands
+/// in `ring`, the one ring its queue pair advertised (the region and the
+/// offset there); `RemoteAccess` if it has no right to. As a type-2 memory
+/// window bound to the queue pair allows on verbs, a queue pair's peer can
+/// reach only that ring: another connection's is out of reach even with
+/// its address and rkey, and so is a ring already deregistered.
+fn target(
+    ring: &Weak<RegionInner>,
+    remote_addr: u64,
+    rkey: u32,
+    len: usize,
+) -> Result<(Arc<RegionInner>, usize), WcStatus> {
+    let region = ring.upgrade().ok_or(WcStatus::RemoteAccess)?;
+    if region.rkey == 0 || rkey != region.rkey {
+        return Err(WcStatus::RemoteAccess);
     }
+    let start = remote_addr
+        .checked_sub(region.addr)
+        .ok_or(WcStatus::RemoteAccess)?;
+    let end = start
+        .checked_add(len as u64)
+        .ok_or(WcStatus::RemoteAccess)?;
+    if end > region.len as u64 {
+        return Err(WcStatus::RemoteAccess);
+    }
+    Ok((region, start as usize))
 }
 
 /// Memory registered with a [`SoftFabric`].
 #[derive(Clone)]
 pub struct SoftRegion {
     inner: Arc<RegionInner>,
+}
+
+impl SoftRegion {
+    /// This region as the one ring a queue pair's peer may write into.
+    fn binding(&self) -> Weak<RegionInner> {
+        Arc::downgrade(&self.inner)
+    }
 }
 
 impl std::fmt::Debug for SoftRegion {
@@ -615,15 +599,7 @@ impl Fabric for SoftFabric {
             len,
             rkey,
             data: RwLock::new(Pages::new(len).map_err(|e| FabricError::io("mmap", e))?),
-            ctx: Arc::downgrade(&self.ctx),
         });
-        if remote_write {
-            self.ctx
-                .regions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(rkey, Arc::downgrade(&inner));
-        }
         Ok(SoftRegion { inner })
     }
 

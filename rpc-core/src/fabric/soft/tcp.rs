@@ -36,7 +36,7 @@ use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, Weak};
 use std::time::{Duration, Instant};
 
 const TAG_WRITE: u8 = 1;
@@ -383,9 +383,9 @@ struct Rx {
 /// One tcp:// queue pair's socket: its receiving NIC and its send queue.
 pub(super) struct TcpConn {
     qp_num: u32,
-    /// The rkey of the ring this queue pair advertised: the peer's writes
-    /// may land only there.
-    ring_rkey: u32,
+    /// The ring this queue pair advertised: the peer's writes may land
+    /// only there.
+    ring: Weak<RegionInner>,
     ctx: Arc<Ctx>,
     stream: TcpStream,
     /// Shared with the [`SoftQp`]: set when either side fails or closes it.
@@ -711,7 +711,7 @@ impl TcpConn {
                 let target = if len == 0 {
                     None
                 } else {
-                    match self.ctx.target(addr, rkey, len, self.ring_rkey) {
+                    match super::target(&self.ring, addr, rkey, len) {
                         Ok(t) => Some(t),
                         Err(status) => {
                             tracing::warn!(
@@ -948,7 +948,7 @@ pub(super) fn connect(
     setup(&stream, local.timeout)?;
     bootstrap::send(&mut stream, &local_hello(qp_num, &local))?;
     let peer = bootstrap::recv(&mut stream, HelloFabric::Tcp)?;
-    finish(ctx, cq, stream, qp_num, local.ring.rkey(), peer, None)
+    finish(ctx, cq, stream, qp_num, local.ring.binding(), peer, None)
 }
 
 pub(super) fn accept(
@@ -966,7 +966,7 @@ pub(super) fn accept(
         cq,
         stream,
         qp_num,
-        local.ring.rkey(),
+        local.ring.binding(),
         peer,
         Some(hello),
     )
@@ -986,7 +986,7 @@ fn finish(
     cq: &Arc<CqInner>,
     stream: TcpStream,
     qp_num: u32,
-    ring_rkey: u32,
+    ring: Weak<RegionInner>,
     peer: Hello,
     pending_hello: Option<Hello>,
 ) -> Result<Connected<SoftQp>, FabricError> {
@@ -1003,7 +1003,7 @@ fn finish(
     let dead = Arc::new(AtomicBool::new(false));
     let conn = Arc::new(TcpConn {
         qp_num,
-        ring_rkey,
+        ring,
         ctx: ctx.clone(),
         stream,
         dead: dead.clone(),
