@@ -140,29 +140,11 @@ impl Acceptor {
     /// standard library's 128 makes a burst of connects wait a second for a
     /// SYN retry).
     pub fn bind(url: &FabricUrl) -> Result<Acceptor, FabricError> {
-        let target = url.socket_addr();
-        let mut last = None;
-        let addrs = target
+        let inner = url
+            .socket_addr()
             .to_socket_addrs()
+            .and_then(|addrs| first_of(addrs, listen))
             .map_err(|e| FabricError::io("bind", e))?;
-        let mut bound = None;
-        for a in addrs {
-            match listen(a) {
-                Ok(l) => {
-                    bound = Some(l);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let inner = bound.ok_or_else(|| {
-            FabricError::io(
-                "bind",
-                last.unwrap_or_else(|| {
-                    std::io::Error::other(format!("{target} resolves to no address"))
-                }),
-            )
-        })?;
         let addr = inner.local_addr().map_err(|e| FabricError::io("bind", e))?;
         Ok(Acceptor {
             inner,
@@ -229,15 +211,24 @@ pub fn dial(url: &FabricUrl, timeout: Duration) -> Result<TcpStream, FabricError
     let addrs = target.to_socket_addrs().map_err(|e| {
         FabricError::unreachable("connect", format!("cannot resolve {target}: {e}"))
     })?;
+    first_of(addrs, |a| TcpStream::connect_timeout(&a, timeout))
+        .map_err(|e| FabricError::unreachable("connect", format!("{url}: {e}")))
+}
+
+/// What `f` makes of the first address it succeeds with, or the last
+/// address's error.
+fn first_of<T>(
+    addrs: impl Iterator<Item = std::net::SocketAddr>,
+    mut f: impl FnMut(std::net::SocketAddr) -> std::io::Result<T>,
+) -> std::io::Result<T> {
     let mut last = None;
     for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => return Ok(s),
+        match f(a) {
+            Ok(v) => return Ok(v),
             Err(e) => last = Some(e),
         }
     }
-    let why = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-    Err(FabricError::unreachable("connect", format!("{url}: {why}")))
+    Err(last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing")))
 }
 
 /// Sends a hello.
