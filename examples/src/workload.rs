@@ -69,7 +69,6 @@ pub fn value_for(key: &str) -> Vec<u8> {
     v
 }
 
-/// Runs `calls` calls over `concurrency` threads sharing `client`'s connection.
 /// Runs `calls` calls over `concurrency` threads sharing `client`'s
 /// connection, until done or the connection is lost.
 pub fn run(client: &KvClient, calls: u64, concurrency: usize) -> Summary {

@@ -291,8 +291,15 @@ on_network_fabrics! {
             let _ = stdout.read_to_string(&mut out);
             out
         });
-        // Calls in flight, then the server dies.
-        std::thread::sleep(Duration::from_millis(500));
+        // Calls in flight (the first worker's first put is visible; a slow
+        // guest may take well over a second to get there), then the server
+        // dies.
+        let waiting = Instant::now();
+        while kv_client(&server.url, &["get", "key-0"]).code != Some(0) {
+            assert!(waiting.elapsed() < LIMIT, "the bench made no call: {}", bench.stderr());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(200));
         let mut server = server;
         server.proc.kill();
         let killed = Instant::now();
