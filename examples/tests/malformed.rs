@@ -64,6 +64,7 @@ impl Raw {
             ring: &ring,
             max_message: (RAW_RING / 2 - HEADER_LEN) as u32,
             timeout: LIMIT,
+            credential: None,
         };
         let cq = fabric.create_cq().unwrap();
         let connected = fabric

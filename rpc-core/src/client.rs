@@ -1,5 +1,6 @@
 //! The client side: [`Channel`] and [`UnaryCall`].
 
+use crate::auth::Credential;
 use crate::descriptor::MethodDescriptor;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
 use crate::fabric::soft::SoftFabric;
@@ -165,17 +166,38 @@ impl fmt::Debug for Channel {
 }
 
 /// Configures and opens a [`Channel`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ChannelBuilder {
     url: String,
     config: Config,
     timeout: Option<Duration>,
+    credential: Option<Arc<dyn Credential>>,
+}
+
+impl fmt::Debug for ChannelBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChannelBuilder")
+            .field("url", &self.url)
+            .field("config", &self.config)
+            .field("timeout", &self.timeout)
+            .field("credential", &self.credential.is_some())
+            .finish()
+    }
 }
 
 impl ChannelBuilder {
     /// Default timeout of every call (none by default); [`Request::set_timeout`] overrides it.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// What to present to a server that requires a credential: a
+    /// [`SharedSecret`](crate::SharedSecret) or any [`Credential`]. The
+    /// server must prove that it knows it too, or connecting fails with
+    /// `Unauthenticated`.
+    pub fn credential(mut self, credential: impl Credential) -> Self {
+        self.credential = Some(Arc::new(credential));
         self
     }
 
@@ -205,13 +227,19 @@ impl ChannelBuilder {
         self.config.validate()?;
         let url = FabricUrl::parse(&self.url)?;
         let client = match url.scheme {
-            Scheme::Mem | Scheme::Tcp => {
-                ClientInner::Soft(Client::connect(soft_runtime()?, &url, &self.config)?)
-            }
+            Scheme::Mem | Scheme::Tcp => ClientInner::Soft(Client::connect(
+                soft_runtime()?,
+                &url,
+                &self.config,
+                self.credential,
+            )?),
             #[cfg(feature = "verbs")]
-            Scheme::Rdma => {
-                ClientInner::Verbs(Client::connect(&*verbs_runtime(&url)?, &url, &self.config)?)
-            }
+            Scheme::Rdma => ClientInner::Verbs(Client::connect(
+                &*verbs_runtime(&url)?,
+                &url,
+                &self.config,
+                self.credential,
+            )?),
             #[cfg(not(feature = "verbs"))]
             Scheme::Rdma => match crate::fabric::open_verbs(&url)? {},
         };
@@ -238,6 +266,7 @@ impl Channel {
             url: url.to_owned(),
             config: Config::default(),
             timeout: None,
+            credential: None,
         }
     }
 
@@ -512,6 +541,7 @@ impl<F: Fabric> Client<F> {
         rt: &ClientRuntime<F>,
         url: &FabricUrl,
         config: &Config,
+        credential: Option<Arc<dyn Credential>>,
     ) -> Result<Client<F>, Status> {
         let ep = least_loaded(&rt.endpoints).clone();
         let ring = ep.fabric.register(config.ring_size, true)?;
@@ -519,6 +549,7 @@ impl<F: Fabric> Client<F> {
             ring: &ring,
             max_message: config.max_message as u32,
             timeout: config.connect_timeout,
+            credential,
         };
         let connected = ep.fabric.connect(url, local, &ep.cq)?;
         let conn = ep.add(connected, ring, config.max_message)?;

@@ -46,6 +46,7 @@
 //! the connection handshake).
 #![deny(unsafe_code)]
 
+pub mod auth;
 mod blocking;
 pub mod client;
 pub mod codegen;
@@ -77,6 +78,7 @@ pub mod testing {
     pub use crate::protocol;
 }
 
+pub use auth::{Peer, SharedSecret, SharedSecrets};
 pub use blocking::{Blocking, blocking};
 pub use client::ChannelBuilder;
 pub use client::{Channel, UnaryCall};

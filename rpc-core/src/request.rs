@@ -1,7 +1,7 @@
 //! `Request<T>` and `Response<T>`: a message with its metadata and call options.
 
-use crate::Metadata;
 use crate::streaming::Signal;
+use crate::{Metadata, Peer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,8 @@ pub struct Request<T> {
     deadline: Option<Instant>,
     /// On the server: tells the handler its call was cancelled.
     signal: Option<Arc<Signal>>,
+    /// On the server: who called.
+    peer: Option<Arc<Peer>>,
 }
 
 impl<T> Request<T> {
@@ -31,6 +33,7 @@ impl<T> Request<T> {
             fail_fast: false,
             deadline: None,
             signal: None,
+            peer: None,
         }
     }
 
@@ -160,7 +163,15 @@ impl<T> Request<T> {
             fail_fast: self.fail_fast,
             deadline: self.deadline,
             signal: self.signal,
+            peer: self.peer,
         }
+    }
+
+    /// On the server: who called, with the fabric and the identity the
+    /// server's authenticator admitted them under (see
+    /// `ServerBuilder::authenticator`). `None` on the client.
+    pub fn peer(&self) -> Option<&Peer> {
+        self.peer.as_deref()
     }
 
     pub(crate) fn from_wire(
@@ -168,6 +179,7 @@ impl<T> Request<T> {
         metadata: Metadata,
         deadline: Option<Instant>,
         signal: Option<Arc<Signal>>,
+        peer: Option<Arc<Peer>>,
     ) -> Request<T> {
         Request {
             message,
@@ -176,6 +188,7 @@ impl<T> Request<T> {
             fail_fast: false,
             deadline,
             signal,
+            peer,
         }
     }
 }

@@ -1,16 +1,17 @@
 //! The server side: [`Server`], [`Service`], [`ServerCall`] and [`ServerHandle`].
 
+use crate::auth::Authenticator;
 use crate::blocking::BlockingPool;
 use crate::dispatch::encode_exact;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
 use crate::executor::{self, Executor, panic_message};
 use crate::fabric::soft::SoftFabric;
-use crate::fabric::{Fabric, FabricUrl, Listener, LocalSetup, Scheme};
+use crate::fabric::{Admission, Fabric, FabricUrl, Listener, LocalSetup, Scheme};
 use crate::idmap::IdMap;
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, FrameKind};
 use crate::streaming::{Link, Outbox, Producer, Signal, StreamCore, StreamEnd, Streaming};
-use crate::{Metadata, Request, Response, Status};
+use crate::{Code, Metadata, Request, Response, Status};
 use futures_core::Stream;
 use std::collections::HashMap;
 use std::fmt;
@@ -201,6 +202,7 @@ impl ServerCall {
                 std::mem::take(&mut self.metadata),
                 self.deadline,
                 self.cancel_signal(),
+                self.sink.as_ref().and_then(|s| s.remote()),
             )),
             Err(e) => {
                 let what = std::any::type_name::<Req>();
@@ -329,12 +331,14 @@ impl ServerCall {
         let (core, sink) = self.stream_parts()?;
         sink.recycle(std::mem::take(&mut self.payload));
         let signal = core.signal.clone();
+        let remote = sink.remote();
         let stream = Streaming::new(core, sink, self.call_id, None, None);
         Some(Request::from_wire(
             stream,
             std::mem::take(&mut self.metadata),
             self.deadline,
             Some(signal),
+            remote,
         ))
     }
 
@@ -593,6 +597,8 @@ impl Server {
             config: Config::default(),
             dispatchers: crate::dispatch::available_cores(),
             blocking_threads: crate::dispatch::available_cores().max(4),
+            admission: Admission::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             #[cfg(feature = "tokio")]
             tokio: None,
         }
@@ -608,9 +614,14 @@ pub struct ServerBuilder {
     config: Config,
     dispatchers: usize,
     blocking_threads: usize,
+    admission: Admission,
+    max_connections: usize,
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
 }
+
+/// Connections a server keeps at most, by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 impl fmt::Debug for ServerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -623,6 +634,8 @@ impl fmt::Debug for ServerBuilder {
             .field("services", &names)
             .field("dispatchers", &self.dispatchers)
             .field("blocking_threads", &self.blocking_threads)
+            .field("admission", &self.admission)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
@@ -695,6 +708,40 @@ impl ServerBuilder {
         self
     }
 
+    /// Requires every client to authenticate before any memory is set
+    /// aside for it: with [`SharedSecret`](crate::SharedSecret) (or
+    /// [`SharedSecrets`](crate::SharedSecrets)), HMAC challenge-response,
+    /// mutual; or any [`Authenticator`]. A client without the credential
+    /// fails to connect with `Unauthenticated`. Handlers see who the client
+    /// is in [`Request::peer`](crate::Request::peer).
+    pub fn authenticator(mut self, authenticator: impl Authenticator) -> Self {
+        self.admission.authenticator = Some(Arc::new(authenticator));
+        self
+    }
+
+    /// Connections kept at most (default 4,096); a client beyond it fails
+    /// to connect with `ResourceExhausted`, naming the limit.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Handshakes in progress at most (default 1,024, fewer if the process
+    /// may open few descriptors). They need no thread: one thread admits
+    /// them all. Beyond the limit the oldest is dropped, so peers that
+    /// connect and say nothing cannot keep real clients out.
+    pub fn max_pending_handshakes(mut self, n: usize) -> Self {
+        self.admission.max_pending = n.max(1);
+        self
+    }
+
+    /// How long a client's connection set-up may take (default 5 s).
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.admission.timeout = timeout;
+        self.config.connect_timeout = timeout;
+        self
+    }
+
     /// The tokio runtime whose timers, sockets and channels handlers may
     /// use: the dispatchers enter it. By default, the runtime `serve` is
     /// called from, if any.
@@ -764,7 +811,7 @@ impl ServerBuilder {
         url: &FabricUrl,
         routes: IdMap<Route>,
     ) -> Result<ServerHandle, Status> {
-        let listener = Arc::new(fabric.listen(url)?);
+        let listener = Arc::new(fabric.listen(url, self.admission.clone())?);
         let local_url = listener.local_url();
         let shared = Arc::new(ServerShared {
             routes,
@@ -815,9 +862,10 @@ impl ServerBuilder {
             let endpoints = endpoints.clone();
             let listener = listener.clone();
             let shared = shared.clone();
+            let max_connections = self.max_connections;
             spawn(
                 "rpc-acceptor".into(),
-                Box::new(move || accept_loop(&endpoints, &shared, listener)),
+                Box::new(move || accept_loop(&endpoints, &shared, listener, max_connections)),
             )?
         };
         tracing::info!(url = %local_url, dispatchers = endpoints.len(), "serving");
@@ -834,10 +882,15 @@ impl ServerBuilder {
     }
 }
 
+/// Sets up the connections the listener admitted (their hellos read and
+/// validated, their clients authenticated) one after the other: allocating
+/// a ring and a queue pair and sending the server's hello does not wait
+/// for the peer, so no connection needs a thread of its own.
 fn accept_loop<F: Fabric>(
     endpoints: &Arc<Vec<Arc<Endpoint<F, ServerRole>>>>,
     shared: &ServerShared,
     listener: Arc<F::Listener>,
+    max_connections: usize,
 ) {
     loop {
         let incoming = match listener.next() {
@@ -849,19 +902,21 @@ fn accept_loop<F: Fabric>(
             }
         };
         if shared.draining.load(Ordering::Acquire) {
-            continue; // dropping it refuses the connection
+            listener.refuse(incoming, Code::Unavailable, "the server is shutting down");
+            continue;
         }
-        let ep = least_loaded(endpoints).clone();
-        // Handshakes run on their own thread so a slow peer cannot stall others.
-        let spawned = std::thread::Builder::new()
-            .name("rpc-handshake".into())
-            .spawn(move || {
-                if let Err(status) = establish(&ep, incoming) {
-                    tracing::warn!(%status, "connection attempt failed");
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot spawn a handshake thread");
+        let connections: usize = endpoints.iter().map(|ep| ep.load()).sum();
+        if connections >= max_connections {
+            listener.refuse(
+                incoming,
+                Code::ResourceExhausted,
+                &format!("the server is at its limit of {max_connections} connections"),
+            );
+            continue;
+        }
+        let ep = least_loaded(endpoints);
+        if let Err(status) = establish(ep, incoming) {
+            tracing::warn!(%status, "connection attempt failed");
         }
     }
 }
@@ -872,6 +927,7 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
         ring: &ring,
         max_message: ep.config.max_message as u32,
         timeout: ep.config.connect_timeout,
+        credential: None,
     };
     let connected = ep.fabric.accept(incoming, local, &ep.cq)?;
     let conn = ep.add(connected, ring, ep.config.max_message)?;
@@ -879,7 +935,12 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
         ep.close(&conn, "handshake failed");
         return Err(status);
     }
-    tracing::info!(peer = %conn.peer_addr, qp_num = conn.qp_num, "client connected");
+    tracing::info!(
+        peer = %conn.remote.addr,
+        identity = conn.remote.identity.as_deref().unwrap_or("-"),
+        qp_num = conn.qp_num,
+        "client connected"
+    );
     Ok(())
 }
 
@@ -984,7 +1045,7 @@ impl<F: Fabric> Role<F> for ServerRole {
     }
 
     fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str) {
-        tracing::info!(peer = %conn.peer_addr, qp_num = conn.qp_num, %why, "client disconnected");
+        tracing::info!(peer = %conn.remote.addr, qp_num = conn.qp_num, %why, "client disconnected");
         for call in self.registry.take_connection(conn.qp_num) {
             call.cancel(Status::unavailable(format!("connection lost: {why}")));
         }

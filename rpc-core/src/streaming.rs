@@ -51,6 +51,8 @@ pub(crate) trait Link: Send + Sync {
     fn uncork(&self);
     /// The peer's address, for logs.
     fn peer(&self) -> &str;
+    /// Who the peer is, for handlers.
+    fn remote(&self) -> Option<Arc<crate::Peer>>;
     /// Takes back the buffer a message arrived in, once decoded.
     fn recycle(&self, buf: Vec<u8>);
 }
@@ -65,6 +67,9 @@ impl Link for NoLink {
     fn uncork(&self) {}
     fn peer(&self) -> &str {
         ""
+    }
+    fn remote(&self) -> Option<Arc<crate::Peer>> {
+        None
     }
     fn recycle(&self, _: Vec<u8>) {}
 }

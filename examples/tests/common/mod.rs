@@ -312,6 +312,24 @@ impl Echo for TestEcho {
         if let Some(message) = md.get("panic") {
             panic!("{message}");
         }
+        if md.get("who").is_some() {
+            // Who called, as the server saw it.
+            let peer = request
+                .peer()
+                .expect("a server-side request knows its peer");
+            let mut reply = rpc_core::Metadata::new();
+            reply.insert("peer-fabric", peer.fabric).unwrap();
+            reply.insert("peer-addr", &peer.addr).unwrap();
+            if let Some(identity) = &peer.identity {
+                reply.insert("peer-identity", identity).unwrap();
+            }
+            return Ok(Response::from_parts(
+                reply,
+                EchoReply {
+                    payload: Vec::new(),
+                },
+            ));
+        }
         if let Some(len) = md.get("reply-len") {
             let len: usize = len.parse().expect("reply-len");
             return Ok(Response::new(EchoReply {

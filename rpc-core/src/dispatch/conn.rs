@@ -2,6 +2,7 @@
 //! batching, backlog).
 
 use super::*;
+use crate::auth::Peer;
 
 /// Message buffers a connection keeps for reuse, and the largest it keeps.
 pub(super) const MAX_POOLED_BUFFERS: usize = 256;
@@ -50,7 +51,8 @@ pub(crate) struct OutFrame<'a> {
 /// the fabric: copies frames in and out of registered memory and posts.
 pub(crate) struct Conn<F: Fabric> {
     pub qp_num: u32,
-    pub peer_addr: String,
+    /// Who is at the other end.
+    pub remote: Arc<Peer>,
     pub(super) peer: PeerRing,
     pub(super) recv_region: F::Region,
     pub(super) recv: Mutex<Receiver>,
@@ -97,7 +99,11 @@ impl<F: Fabric> Conn<F> {
         let sq_depth = c.qp.send_queue_depth() as u64;
         Ok(Conn {
             qp_num: c.qp.qp_num(),
-            peer_addr: c.peer_addr,
+            remote: Arc::new(Peer {
+                addr: c.peer_addr,
+                fabric: c.fabric,
+                identity: c.identity,
+            }),
             peer: c.peer,
             recv: Mutex::new(Receiver::new(cap).map_err(ring_err)?),
             recv_region,
@@ -491,7 +497,10 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
         Conn::uncork(self)
     }
     fn peer(&self) -> &str {
-        &self.peer_addr
+        &self.remote.addr
+    }
+    fn remote(&self) -> Option<Arc<Peer>> {
+        Some(self.remote.clone())
     }
     fn recycle(&self, buf: Vec<u8>) {
         Conn::recycle(self, buf)

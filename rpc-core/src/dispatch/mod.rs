@@ -212,7 +212,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             .unwrap_or_else(|e| e.into_inner())
             .insert(conn.qp_num, conn.clone());
         self.load.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(qp_num = conn.qp_num, peer = %conn.peer_addr, "connection established");
+        tracing::debug!(qp_num = conn.qp_num, peer = %conn.remote.addr, "connection established");
         Ok(conn)
     }
 
@@ -252,7 +252,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// Closes `conn` because its peer broke the protocol: a warning with
     /// the peer and `why`, then [`Endpoint::close`] with `why`.
     pub(crate) fn close_for_violation(&self, conn: &Arc<Conn<F>>, why: &str) {
-        tracing::warn!(qp_num = conn.qp_num, peer = %conn.peer_addr, %why, "closing connection: protocol violation");
+        tracing::warn!(qp_num = conn.qp_num, peer = %conn.remote.addr, %why, "closing connection: protocol violation");
         self.close(conn, why);
     }
 

@@ -3,21 +3,26 @@
 //! Over a TCP connection on the URL's port, each side sends one fixed-size
 //! [`Hello`]: queue pair number, packet sequence number, LID and GID (for
 //! verbs), its receive ring (address, length, rkey) and the largest message
-//! it accepts. The client speaks first; the server answers once it is ready
-//! for traffic. Everything received is validated before use, and reads time
-//! out.
+//! it accepts. The client speaks first. A server that requires a credential
+//! then sends a challenge [record](Record), the client answers, and the
+//! server proves itself; a server that will not take the connection says
+//! why in a refusal record. The server answers with its own hello once it is
+//! ready for traffic. Everything received is validated before use, and reads
+//! time out. The server side of all this, up to the hello it reads, is the
+//! [`Gate`](super::gate::Gate).
 
+use crate::Code;
+use crate::auth::{Challenge, Credential, MAX_AUTH_LEN, NONCE_LEN};
 use crate::fabric::{FabricError, FabricUrl, PeerRing};
 use crate::protocol::{HEADER_LEN, ring};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
 const MAGIC: &[u8; 8] = b"RDMARPC\0";
-const HELLO_VERSION: u16 = 2;
+const HELLO_VERSION: u16 = 3;
 
 /// Which fabric a handshake sets up (both sides must agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,75 +131,8 @@ impl Hello {
     }
 }
 
-/// Accepts handshake connections on the URL's TCP port.
-#[derive(Debug)]
-pub struct Acceptor {
-    inner: std::net::TcpListener,
-    addr: std::net::SocketAddr,
-    closed: AtomicBool,
-}
-
-impl Acceptor {
-    /// Binds the URL's host and port (0 picks a free port), with the
-    /// largest listen backlog the system allows (`net.core.somaxconn`; the
-    /// standard library's 128 makes a burst of connects wait a second for a
-    /// SYN retry).
-    pub fn bind(url: &FabricUrl) -> Result<Acceptor, FabricError> {
-        let inner = url
-            .socket_addr()
-            .to_socket_addrs()
-            .and_then(|addrs| first_of(addrs, listen))
-            .map_err(|e| FabricError::io("bind", e))?;
-        let addr = inner.local_addr().map_err(|e| FabricError::io("bind", e))?;
-        Ok(Acceptor {
-            inner,
-            addr,
-            closed: AtomicBool::new(false),
-        })
-    }
-
-    /// Blocks for the next connection; `None` once closed.
-    pub fn next(&self) -> Result<Option<TcpStream>, FabricError> {
-        loop {
-            let accepted = self.inner.accept();
-            if self.closed.load(Ordering::Acquire) {
-                return Ok(None);
-            }
-            match accepted {
-                Ok((s, _)) => return Ok(Some(s)),
-                // Transient (aborted connections, fd pressure): keep serving.
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-        }
-    }
-
-    /// The bound address as `scheme://ip:port`.
-    pub fn local_url(&self, scheme: &str) -> String {
-        format!("{scheme}://{}", self.addr)
-    }
-
-    /// Stops accepting and unblocks [`Acceptor::next`].
-    pub fn close(&self) {
-        if !self.closed.swap(true, Ordering::AcqRel) {
-            // Unblock accept(): connect to ourselves (to loopback for a wildcard bind).
-            let mut addr = self.addr;
-            if addr.ip().is_unspecified() {
-                addr.set_ip(if addr.is_ipv4() {
-                    [127, 0, 0, 1].into()
-                } else {
-                    std::net::Ipv6Addr::LOCALHOST.into()
-                });
-            }
-            let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
-        }
-    }
-}
-
 /// A listening socket on `addr` with the system's largest backlog.
-fn listen(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+pub(crate) fn listen(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     // As the standard library does: a restarted server rebinds at once.
@@ -217,7 +155,7 @@ pub fn dial(url: &FabricUrl, timeout: Duration) -> Result<TcpStream, FabricError
 
 /// What `f` makes of the first address it succeeds with, or the last
 /// address's error.
-fn first_of<T>(
+pub(crate) fn first_of<T>(
     addrs: impl Iterator<Item = std::net::SocketAddr>,
     mut f: impl FnMut(std::net::SocketAddr) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
@@ -239,10 +177,206 @@ pub fn send(stream: &mut impl Write, hello: &Hello) -> Result<(), FabricError> {
         .map_err(|e| FabricError::io("handshake send", e))
 }
 
-/// Receives and validates a hello. The stream's read timeout bounds the wait.
-pub fn recv(stream: &mut impl Read, fabric: HelloFabric) -> Result<Hello, FabricError> {
-    let mut b = [0u8; HELLO_LEN];
-    stream.read_exact(&mut b).map_err(|e| match e.kind() {
+/// A handshake message other than a hello: an 8-byte tag, then (except for
+/// the refusal's code byte and a reserved byte) a little-endian `u16`
+/// length and that many bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// Server to client: authenticate, over this nonce.
+    Challenge([u8; NONCE_LEN]),
+    /// Client to server: the credential's answer.
+    Answer(Vec<u8>),
+    /// Server to client: the server's proof that it knows the credential.
+    Proof(Vec<u8>),
+    /// Server to client: the connection is refused, with a status code and why.
+    Refused(Code, String),
+}
+
+const TAG_CHALLENGE: &[u8; 8] = b"RPCCHALL";
+const TAG_ANSWER: &[u8; 8] = b"RPCANSWR";
+const TAG_PROOF: &[u8; 8] = b"RPCPROOF";
+const TAG_REFUSED: &[u8; 8] = b"RPCREFUS";
+/// Longest refusal reason sent.
+const MAX_REASON: usize = 512;
+
+impl Record {
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let (tag, body): (&[u8; 8], &[u8]) = match self {
+            Record::Challenge(n) => (TAG_CHALLENGE, n),
+            Record::Answer(a) => (TAG_ANSWER, a),
+            Record::Proof(p) => (TAG_PROOF, p),
+            Record::Refused(code, why) => {
+                let mut end = why.len().min(MAX_REASON);
+                while !why.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let mut b = TAG_REFUSED.to_vec();
+                b.push(*code as u8);
+                b.push(0);
+                b.extend_from_slice(&(end as u16).to_le_bytes());
+                b.extend_from_slice(&why.as_bytes()[..end]);
+                return b;
+            }
+        };
+        let mut b = tag.to_vec();
+        b.extend_from_slice(&(body.len() as u16).to_le_bytes());
+        b.extend_from_slice(body);
+        b
+    }
+}
+
+/// The answer record a gate reads: its tag and length, validated.
+pub(crate) const ANSWER_HEAD: usize = 10;
+
+/// The body length an answer record's head announces, validated.
+pub(crate) fn answer_len(head: &[u8; ANSWER_HEAD]) -> Result<usize, String> {
+    if &head[..8] != TAG_ANSWER {
+        return Err("the peer did not answer the authentication challenge".into());
+    }
+    let len = usize::from(u16::from_le_bytes([head[8], head[9]]));
+    if len > MAX_AUTH_LEN {
+        return Err(format!(
+            "authentication answer of {len} bytes, more than {MAX_AUTH_LEN}"
+        ));
+    }
+    Ok(len)
+}
+
+/// Runs the client side after its hello was sent: answers a challenge with
+/// `credential`, checks the server's proof, and returns the server's hello.
+/// A refusal becomes an error with the server's status code and reason.
+pub fn client_exchange(
+    stream: &mut (impl Read + Write),
+    sent: &Hello,
+    fabric: HelloFabric,
+    credential: Option<&dyn Credential>,
+) -> Result<Hello, FabricError> {
+    let sent = sent.encode();
+    let mut answered: Option<([u8; NONCE_LEN], Vec<u8>)> = None;
+    let mut proven = false;
+    loop {
+        let mut tag = [0u8; 8];
+        read_exact(stream, &mut tag)?;
+        match &tag {
+            t if t == MAGIC => {
+                let mut b = [0u8; HELLO_LEN];
+                b[..8].copy_from_slice(&tag);
+                read_exact(stream, &mut b[8..])?;
+                if credential.is_some() && !proven {
+                    return Err(FabricError::refused(
+                        Code::Unauthenticated,
+                        "handshake",
+                        "the server did not authenticate itself (it asks no credential); \
+                         this channel has one and will not talk to it",
+                    ));
+                }
+                return Hello::decode(&b, fabric)
+                    .map_err(|why| FabricError::protocol("handshake", why));
+            }
+            TAG_REFUSED => {
+                let mut head = [0u8; 4];
+                read_exact(stream, &mut head)?;
+                let mut why =
+                    vec![0u8; usize::from(u16::from_le_bytes([head[2], head[3]])).min(MAX_REASON)];
+                read_exact(stream, &mut why)?;
+                let code = Code::from_u16(u16::from(head[0]));
+                let code = if code == Code::Ok {
+                    Code::Unknown
+                } else {
+                    code
+                };
+                return Err(FabricError::refused(
+                    code,
+                    "handshake",
+                    format!(
+                        "the server refused the connection: {}",
+                        String::from_utf8_lossy(&why)
+                    ),
+                ));
+            }
+            TAG_CHALLENGE if answered.is_none() => {
+                let body = read_body(stream, NONCE_LEN)?;
+                let nonce: [u8; NONCE_LEN] = body.try_into().map_err(|_| {
+                    FabricError::protocol("handshake", "malformed authentication challenge")
+                })?;
+                let credential = credential.ok_or_else(|| {
+                    FabricError::refused(
+                        Code::Unauthenticated,
+                        "handshake",
+                        "the server requires a credential and this channel has none \
+                         (see ChannelBuilder::credential)",
+                    )
+                })?;
+                let answer = credential
+                    .answer(&Challenge {
+                        nonce: &nonce,
+                        hello: &sent,
+                    })
+                    .map_err(|why| FabricError::refused(Code::Unauthenticated, "handshake", why))?;
+                if answer.len() > MAX_AUTH_LEN {
+                    return Err(FabricError::invalid(
+                        "handshake",
+                        format!(
+                            "credential answer of {} bytes, more than {MAX_AUTH_LEN}",
+                            answer.len()
+                        ),
+                    ));
+                }
+                stream
+                    .write_all(&Record::Answer(answer.clone()).encode())
+                    .and_then(|()| stream.flush())
+                    .map_err(|e| FabricError::io("handshake send", e))?;
+                answered = Some((nonce, answer));
+            }
+            TAG_PROOF if !proven => {
+                let proof = read_body(stream, MAX_AUTH_LEN)?;
+                let (Some((nonce, answer)), Some(credential)) = (&answered, credential) else {
+                    return Err(FabricError::protocol(
+                        "handshake",
+                        "a proof before any challenge",
+                    ));
+                };
+                credential
+                    .check(
+                        &Challenge {
+                            nonce,
+                            hello: &sent,
+                        },
+                        answer,
+                        &proof,
+                    )
+                    .map_err(|why| FabricError::refused(Code::Unauthenticated, "handshake", why))?;
+                proven = true;
+            }
+            _ => {
+                return Err(FabricError::protocol(
+                    "handshake",
+                    "peer is not an rdma-rpc endpoint (unexpected handshake message)",
+                ));
+            }
+        }
+    }
+}
+
+/// Reads a `u16` length and at most `max` bytes.
+fn read_body(stream: &mut impl Read, max: usize) -> Result<Vec<u8>, FabricError> {
+    let mut len = [0u8; 2];
+    read_exact(stream, &mut len)?;
+    let len = usize::from(u16::from_le_bytes(len));
+    if len > max {
+        return Err(FabricError::protocol(
+            "handshake",
+            format!("handshake record of {len} bytes, more than {max}"),
+        ));
+    }
+    let mut b = vec![0u8; len];
+    read_exact(stream, &mut b)?;
+    Ok(b)
+}
+
+fn read_exact(stream: &mut impl Read, b: &mut [u8]) -> Result<(), FabricError> {
+    stream.read_exact(b).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
             FabricError::unreachable("handshake", "timed out waiting for the peer's endpoint")
         }
@@ -250,31 +384,12 @@ pub fn recv(stream: &mut impl Read, fabric: HelloFabric) -> Result<Hello, Fabric
             FabricError::unreachable("handshake", "peer closed during the handshake")
         }
         _ => FabricError::io("handshake recv", e),
-    })?;
-    Hello::decode(&b, fabric).map_err(|why| FabricError::protocol("handshake", why))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A burst of connects while the acceptor is busy all land in the
-    /// backlog at once: none waits a second for a SYN retry (as beyond the
-    /// standard library's backlog of 128 they would).
-    #[test]
-    fn a_burst_of_connects_fits_the_backlog() {
-        let acceptor = Acceptor::bind(&FabricUrl::parse("tcp://127.0.0.1:0").unwrap()).unwrap();
-        let addr = acceptor.addr;
-        let burst: Vec<TcpStream> = (0..600)
-            .map(|i| {
-                TcpStream::connect_timeout(&addr, Duration::from_millis(500))
-                    .unwrap_or_else(|e| panic!("connect {i} waited: {e}"))
-            })
-            .collect();
-        assert_eq!(burst.len(), 600);
-        // They are all there to accept.
-        assert!(acceptor.next().unwrap().is_some());
-    }
 
     fn hello() -> Hello {
         Hello {
@@ -325,10 +440,77 @@ mod tests {
         assert!(bad(|h| h.psn = 1 << 24).contains("psn"));
     }
 
+    /// A stream that replays `input` and swallows what is written.
+    struct Replay<'a>(&'a [u8]);
+
+    impl Read for Replay<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+
+    impl Write for Replay<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn exchange(input: &[u8], credential: Option<&dyn Credential>) -> Result<Hello, FabricError> {
+        client_exchange(&mut Replay(input), &hello(), HelloFabric::Rdma, credential)
+    }
+
     #[test]
     fn truncated_input_times_out_or_fails_cleanly() {
-        let mut short: &[u8] = &[1, 2, 3];
-        let e = recv(&mut short, HelloFabric::Tcp).unwrap_err();
+        let e = exchange(&[1, 2, 3], None).unwrap_err();
         assert!(e.to_string().contains("closed"), "{e}");
+        let full = hello().encode();
+        for n in 0..full.len() {
+            assert!(exchange(&full[..n], None).is_err());
+        }
+        assert_eq!(exchange(&full, None).unwrap(), hello());
+    }
+
+    #[test]
+    fn a_refusal_carries_the_servers_code_and_reason() {
+        let refusal = Record::Refused(
+            Code::ResourceExhausted,
+            "at its limit of 3 connections".into(),
+        );
+        let e = exchange(&refusal.encode(), None).unwrap_err();
+        let status = crate::Status::from(e);
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(
+            status.message().contains("at its limit of 3 connections"),
+            "{status}"
+        );
+        // A long reason is cut to its limit at a character boundary.
+        let long = Record::Refused(Code::Unavailable, "é".repeat(400)).encode();
+        let status = crate::Status::from(exchange(&long, None).unwrap_err());
+        assert_eq!(status.code(), Code::Unavailable);
+        assert!(status.message().ends_with('é'));
+    }
+
+    #[test]
+    fn a_challenge_needs_a_credential_and_a_credential_needs_a_proof() {
+        let challenge = Record::Challenge([9; NONCE_LEN]).encode();
+        let e = crate::Status::from(exchange(&challenge, None).unwrap_err());
+        assert_eq!(e.code(), Code::Unauthenticated);
+        assert!(e.message().contains("requires a credential"), "{e}");
+        let secret = crate::SharedSecret::new("me", "0123456789abcdef").unwrap();
+        // A server that skips authentication is not trusted by a client that has a credential.
+        let e = crate::Status::from(exchange(&hello().encode(), Some(&secret)).unwrap_err());
+        assert_eq!(e.code(), Code::Unauthenticated);
+        assert!(e.message().contains("did not authenticate itself"), "{e}");
+        // A proof that is not the server's.
+        let mut forged = challenge.clone();
+        forged.extend_from_slice(&Record::Proof(vec![0; 32]).encode());
+        let e = crate::Status::from(exchange(&forged, Some(&secret)).unwrap_err());
+        assert_eq!(e.code(), Code::Unauthenticated);
+        // Garbage where a record should be.
+        let e = exchange(b"NOTARECORDATALL", Some(&secret)).unwrap_err();
+        assert!(e.to_string().contains("not an rdma-rpc endpoint"), "{e}");
     }
 }

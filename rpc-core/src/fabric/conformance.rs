@@ -102,6 +102,7 @@ pub(crate) fn connect<F: Fabric>(
                 ring: &s_ring,
                 max_message: 1024,
                 timeout: Duration::from_secs(10),
+                credential: None,
             };
             let mut c = server.accept(inc, local, scq).unwrap();
             c.qp.established().unwrap();
@@ -111,6 +112,7 @@ pub(crate) fn connect<F: Fabric>(
             ring: c_ring,
             max_message: 2048,
             timeout: Duration::from_secs(10),
+            credential: None,
         };
         let c = client.connect(&url, local, ccq).unwrap();
         (srv.join().unwrap(), c)
@@ -122,7 +124,9 @@ pub(crate) fn connect<F: Fabric>(
 
 /// A listening server context and one connected client context.
 pub(crate) fn pair<F: Fabric>(server: F, client: F, url: &str) -> Pair<F> {
-    let listener = server.listen(&FabricUrl::parse(url).unwrap()).unwrap();
+    let listener = server
+        .listen(&FabricUrl::parse(url).unwrap(), Default::default())
+        .unwrap();
     let c_ring = client.register(RING, true).unwrap();
     let staging = client.register(RING, false).unwrap();
     let scq = server.create_cq().unwrap();

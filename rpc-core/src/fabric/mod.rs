@@ -24,6 +24,7 @@
 pub mod bootstrap;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod bootstrap;
+pub(crate) mod gate;
 pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;
@@ -33,6 +34,7 @@ mod url;
 #[cfg(test)]
 pub(crate) mod conformance;
 
+pub use gate::Admission;
 pub use url::{FabricUrl, Scheme};
 
 use std::fmt;
@@ -182,7 +184,6 @@ pub struct PeerRing {
 }
 
 /// What a side brings to a connection.
-#[derive(Debug)]
 pub struct LocalSetup<'a, R> {
     /// The receive ring the peer will write into.
     pub ring: &'a R,
@@ -190,6 +191,20 @@ pub struct LocalSetup<'a, R> {
     pub max_message: u32,
     /// How long the handshake may take.
     pub timeout: Duration,
+    /// What the client presents to a server that asks for a credential
+    /// (and requires the server to prove itself with); unused on accept.
+    pub credential: Option<std::sync::Arc<dyn crate::auth::Credential>>,
+}
+
+impl<R: fmt::Debug> fmt::Debug for LocalSetup<'_, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalSetup")
+            .field("ring", self.ring)
+            .field("max_message", &self.max_message)
+            .field("timeout", &self.timeout)
+            .field("credential", &self.credential.is_some())
+            .finish()
+    }
 }
 
 /// A queue pair connected to a peer, with the peer's ring.
@@ -201,6 +216,11 @@ pub struct Connected<Q> {
     pub peer: PeerRing,
     /// The peer's address, for logs.
     pub peer_addr: String,
+    /// The identity the server's authenticator admitted the peer under
+    /// (server side, when it requires a credential).
+    pub identity: Option<String>,
+    /// The fabric's URL scheme: `"mem"`, `"tcp"` or `"rdma"`.
+    pub fabric: &'static str,
 }
 
 /// A completion queue: where one dispatcher learns what its queue pairs
@@ -244,8 +264,8 @@ pub trait Fabric: Send + Sync + Sized + Clone + 'static {
     fn post_recv(&self, count: u32) -> Result<(), FabricError>;
     /// Creates a completion queue on this context.
     fn create_cq(&self) -> Result<Self::Cq, FabricError>;
-    /// Starts listening on `url`.
-    fn listen(&self, url: &FabricUrl) -> Result<Self::Listener, FabricError>;
+    /// Starts listening on `url`, admitting connections as `admission` says.
+    fn listen(&self, url: &FabricUrl, admission: Admission) -> Result<Self::Listener, FabricError>;
     /// Connects to a listener at `url`; the queue pair reports to `cq`.
     fn connect(
         &self,
@@ -271,6 +291,9 @@ pub trait Listener<F: Fabric>: Send + Sync + 'static {
     fn local_url(&self) -> String;
     /// Stops listening and unblocks [`Listener::next`].
     fn close(&self);
+    /// Turns an attempt away, telling the peer why: its connect fails with
+    /// `code`.
+    fn refuse(&self, incoming: F::Incoming, code: crate::Code, why: &str);
 }
 
 /// A fabric-level failure, naming the operation.
@@ -297,6 +320,9 @@ pub enum FabricErrorKind {
     QpDead,
     /// No RDMA device or support on this host.
     NoDevice(String),
+    /// The peer refused the connection (or this side refused the peer),
+    /// with the status code the caller should see.
+    Refused(crate::Code, String),
 }
 
 impl FabricError {
@@ -318,6 +344,16 @@ impl FabricError {
             kind: FabricErrorKind::Protocol(why.into()),
         }
     }
+    pub(crate) fn refused(
+        code: crate::Code,
+        op: &'static str,
+        why: impl Into<String>,
+    ) -> FabricError {
+        FabricError {
+            op,
+            kind: FabricErrorKind::Refused(code, why.into()),
+        }
+    }
     pub(crate) fn invalid(op: &'static str, why: impl Into<String>) -> FabricError {
         FabricError {
             op,
@@ -333,7 +369,8 @@ impl fmt::Display for FabricError {
             FabricErrorKind::Unreachable(s)
             | FabricErrorKind::Protocol(s)
             | FabricErrorKind::Invalid(s)
-            | FabricErrorKind::NoDevice(s) => write!(f, "{}: {s}", self.op),
+            | FabricErrorKind::NoDevice(s)
+            | FabricErrorKind::Refused(_, s) => write!(f, "{}: {s}", self.op),
             FabricErrorKind::QpDead => write!(f, "{}: queue pair is in the error state", self.op),
         }
     }
@@ -352,6 +389,7 @@ impl From<FabricError> for crate::Status {
     fn from(e: FabricError) -> crate::Status {
         match e.kind {
             FabricErrorKind::Invalid(_) => crate::Status::invalid_argument(e.to_string()),
+            FabricErrorKind::Refused(code, _) => crate::Status::new(code, e.to_string()),
             _ => crate::Status::unavailable(e.to_string()),
         }
     }

@@ -1,9 +1,11 @@
 //! `mem://name`: both ends in one process.
 
 use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
+use crate::Code;
+use crate::auth::{Challenge, Credential, random_nonce};
 use crate::fabric::{
-    Completion, CompletionKind, Connected, FabricError, LocalSetup, PeerRing, Region, WcStatus,
-    WriteImm,
+    Admission, Completion, CompletionKind, Connected, FabricError, LocalSetup, PeerRing, Region,
+    WcStatus, WriteImm,
 };
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use std::collections::HashMap;
@@ -17,6 +19,9 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(Default::default)
 }
 
+/// Where a server answers a connecting client: its side, or a refusal.
+type ReplyTx = Sender<Result<Reply, (Code, String)>>;
+
 /// What the server learns of a connecting client, and where to answer.
 pub struct MemIncoming {
     ctx: Arc<Ctx>,
@@ -26,10 +31,65 @@ pub struct MemIncoming {
     /// The ring itself: the only one the accepting side may write into.
     binding: Weak<RegionInner>,
     dead: Arc<AtomicBool>,
-    reply: Sender<Reply>,
+    /// What the client presents if the server asks.
+    credential: Option<Arc<dyn Credential>>,
+    /// The identity the server admitted the client under.
+    identity: Option<String>,
+    reply: ReplyTx,
+}
+
+impl MemIncoming {
+    /// Turns the client away: its connect fails with `code`.
+    pub(super) fn refuse(self, code: Code, why: &str) {
+        tracing::warn!(client = self.qp_num, %why, "connection refused");
+        let _ = self.reply.send(Err((code, why.to_owned())));
+    }
+
+    /// What an in-process handshake authenticates: the client's ring.
+    fn transcript(&self) -> [u8; 24] {
+        let mut t = [0u8; 24];
+        t[..8].copy_from_slice(&self.ring.addr.to_le_bytes());
+        t[8..16].copy_from_slice(&self.ring.len.to_le_bytes());
+        t[16..20].copy_from_slice(&self.ring.rkey.to_le_bytes());
+        t[20..].copy_from_slice(&self.qp_num.to_le_bytes());
+        t
+    }
+
+    /// Runs the challenge-response a tcp:// or rdma:// handshake runs over
+    /// the wire, in process: the same checks, both ways.
+    fn authenticate(&mut self, admission: &Admission) -> Result<(), (Code, String)> {
+        let Some(auth) = &admission.authenticator else {
+            return Ok(());
+        };
+        let refused = |why: String| (Code::Unauthenticated, why);
+        let credential = self.credential.clone().ok_or_else(|| {
+            refused(
+                "the server requires a credential and this channel has none \
+                 (see ChannelBuilder::credential)"
+                    .into(),
+            )
+        })?;
+        let nonce = random_nonce().map_err(|why| (Code::Internal, why))?;
+        let transcript = self.transcript();
+        let challenge = Challenge {
+            nonce: &nonce,
+            hello: &transcript,
+        };
+        let answer = credential.answer(&challenge).map_err(refused)?;
+        let verified = auth
+            .verify(&challenge, &answer)
+            .map_err(|why| refused(format!("authentication failed: {why}")))?;
+        credential
+            .check(&challenge, &answer, &verified.proof)
+            .map_err(refused)?;
+        self.identity = Some(verified.identity);
+        Ok(())
+    }
 }
 
 struct Reply {
+    /// The server checked the client's credential (and so proved its own).
+    authenticated: bool,
     ctx: Arc<Ctx>,
     cq: Arc<CqInner>,
     qp_num: u32,
@@ -50,7 +110,7 @@ pub(super) struct MemWire {
     peer_ring: Weak<RegionInner>,
     /// Set by whichever end closes first; the other end's next post fails.
     peer_dead: Arc<AtomicBool>,
-    pending_reply: Option<(Sender<Reply>, Reply)>,
+    pending_reply: Option<(ReplyTx, Reply)>,
 }
 
 impl MemWire {
@@ -75,7 +135,7 @@ impl MemWire {
 
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
         if let Some((tx, reply)) = self.pending_reply.take() {
-            tx.send(reply).map_err(|_| {
+            tx.send(Ok(reply)).map_err(|_| {
                 FabricError::unreachable(
                     "accept",
                     "the client gave up before the handshake finished",
@@ -101,12 +161,13 @@ impl MemWire {
 /// Listens on `mem://name`.
 pub struct MemListener {
     name: String,
+    admission: Admission,
     rx: Receiver<Option<MemIncoming>>,
     tx: Sender<Option<MemIncoming>>,
 }
 
 impl MemListener {
-    pub(super) fn bind(name: &str) -> Result<MemListener, FabricError> {
+    pub(super) fn bind(name: &str, admission: Admission) -> Result<MemListener, FabricError> {
         let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
         if reg.contains_key(name) {
             return Err(FabricError::invalid(
@@ -118,13 +179,22 @@ impl MemListener {
         reg.insert(name.to_owned(), tx.clone());
         Ok(MemListener {
             name: name.to_owned(),
+            admission,
             rx,
             tx,
         })
     }
 
+    /// The next client admitted: one the authenticator refuses is told
+    /// why and skipped.
     pub(super) fn next(&self) -> Option<MemIncoming> {
-        self.rx.recv().ok().flatten()
+        loop {
+            let mut incoming = self.rx.recv().ok().flatten()?;
+            match incoming.authenticate(&self.admission) {
+                Ok(()) => return Some(incoming),
+                Err((code, why)) => incoming.refuse(code, &why),
+            }
+        }
     }
 
     pub(super) fn local_url(&self) -> String {
@@ -185,17 +255,36 @@ pub(super) fn connect(
         ring: peer_ring(&local),
         binding: local.ring.binding(),
         dead: dead.clone(),
+        credential: local.credential.clone(),
+        identity: None,
         reply: reply_tx,
     };
     listener.send(Some(incoming)).map_err(|_| {
         FabricError::unreachable("connect", format!("mem://{name} stopped listening"))
     })?;
-    let reply = reply_rx.recv_timeout(local.timeout).map_err(|_| {
-        FabricError::unreachable(
-            "connect",
-            format!("mem://{name} did not complete the handshake"),
-        )
-    })?;
+    let reply = reply_rx
+        .recv_timeout(local.timeout)
+        .map_err(|_| {
+            FabricError::unreachable(
+                "connect",
+                format!("mem://{name} did not complete the handshake"),
+            )
+        })?
+        .map_err(|(code, why)| {
+            FabricError::refused(
+                code,
+                "handshake",
+                format!("the server refused the connection: {why}"),
+            )
+        })?;
+    if local.credential.is_some() && !reply.authenticated {
+        return Err(FabricError::refused(
+            Code::Unauthenticated,
+            "handshake",
+            "the server did not authenticate itself (it asks no credential); \
+             this channel has one and will not talk to it",
+        ));
+    }
     Ok(Connected {
         qp: SoftQp {
             qp_num,
@@ -212,6 +301,8 @@ pub(super) fn connect(
         },
         peer: reply.ring,
         peer_addr: format!("mem://{name}#{}", reply.qp_num),
+        identity: None,
+        fabric: "mem",
     })
 }
 
@@ -224,6 +315,7 @@ pub(super) fn accept(
     let qp_num = next_qp_num();
     let dead = Arc::new(AtomicBool::new(false));
     let reply = Reply {
+        authenticated: incoming.identity.is_some(),
         ctx: ctx.clone(),
         cq: cq.clone(),
         qp_num,
@@ -247,5 +339,7 @@ pub(super) fn accept(
         },
         peer: incoming.ring,
         peer_addr: format!("mem-client#{}", incoming.qp_num),
+        identity: incoming.identity,
+        fabric: "mem",
     })
 }

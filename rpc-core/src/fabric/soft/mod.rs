@@ -22,8 +22,8 @@ mod mem;
 mod tcp;
 
 use super::{
-    Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError, FabricUrl,
-    LocalSetup, QueuePair, Region, Scheme, WcStatus, WriteImm,
+    Admission, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
+    FabricUrl, LocalSetup, QueuePair, Region, Scheme, WcStatus, WriteImm,
 };
 use crate::pages::Pages;
 use std::collections::VecDeque;
@@ -552,8 +552,8 @@ impl std::fmt::Debug for SoftListener {
 pub enum SoftIncoming {
     /// In-process.
     Mem(mem::MemIncoming),
-    /// Over TCP.
-    Tcp(std::net::TcpStream),
+    /// Over TCP, its hello read.
+    Tcp(crate::fabric::gate::Admitted),
 }
 
 impl super::Listener<SoftFabric> for SoftListener {
@@ -573,6 +573,12 @@ impl super::Listener<SoftFabric> for SoftListener {
         match self {
             SoftListener::Mem(l) => l.close(),
             SoftListener::Tcp(l) => l.close(),
+        }
+    }
+    fn refuse(&self, incoming: SoftIncoming, code: crate::Code, why: &str) {
+        match incoming {
+            SoftIncoming::Mem(i) => i.refuse(code, why),
+            SoftIncoming::Tcp(a) => a.refuse(code, why),
         }
     }
 }
@@ -620,10 +626,16 @@ impl Fabric for SoftFabric {
         Ok(SoftCq::new())
     }
 
-    fn listen(&self, url: &FabricUrl) -> Result<SoftListener, FabricError> {
+    fn listen(&self, url: &FabricUrl, admission: Admission) -> Result<SoftListener, FabricError> {
         match url.scheme {
-            Scheme::Mem => Ok(SoftListener::Mem(mem::MemListener::bind(&url.host)?)),
-            Scheme::Tcp => Ok(SoftListener::Tcp(tcp::TcpListener::bind(url)?)),
+            Scheme::Mem => Ok(SoftListener::Mem(mem::MemListener::bind(
+                &url.host, admission,
+            )?)),
+            Scheme::Tcp => Ok(SoftListener::Tcp(tcp::TcpListener::bind(
+                url,
+                crate::fabric::bootstrap::HelloFabric::Tcp,
+                admission,
+            )?)),
             Scheme::Rdma => Err(FabricError::invalid(
                 "listen",
                 "the soft fabric serves mem:// and tcp:// only",

@@ -24,6 +24,7 @@
 
 use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
 use crate::fabric::bootstrap::{self, Hello, HelloFabric};
+use crate::fabric::gate::Admitted;
 use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
     WcStatus, WriteImm,
@@ -918,7 +919,7 @@ impl TcpWire {
 }
 
 /// Listens on `tcp://host:port`.
-pub type TcpListener = crate::fabric::bootstrap::Acceptor;
+pub type TcpListener = crate::fabric::gate::Gate;
 
 fn local_hello(qp_num: u32, local: &LocalSetup<'_, SoftRegion>) -> Hello {
     Hello {
@@ -946,29 +947,33 @@ pub(super) fn connect(
     let mut stream = bootstrap::dial(url, local.timeout)?;
     let qp_num = next_qp_num();
     setup(&stream, local.timeout)?;
-    bootstrap::send(&mut stream, &local_hello(qp_num, &local))?;
-    let peer = bootstrap::recv(&mut stream, HelloFabric::Tcp)?;
+    let hello = local_hello(qp_num, &local);
+    bootstrap::send(&mut stream, &hello)?;
+    let peer = bootstrap::client_exchange(
+        &mut stream,
+        &hello,
+        HelloFabric::Tcp,
+        local.credential.as_deref(),
+    )?;
     finish(ctx, cq, stream, qp_num, local.ring.binding(), peer, None)
 }
 
 pub(super) fn accept(
     ctx: &Arc<Ctx>,
     cq: &Arc<CqInner>,
-    mut stream: TcpStream,
+    admitted: Admitted,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
-    setup(&stream, local.timeout)?;
-    let peer = bootstrap::recv(&mut stream, HelloFabric::Tcp)?;
     let qp_num = next_qp_num();
     let hello = local_hello(qp_num, &local);
     finish(
         ctx,
         cq,
-        stream,
+        admitted.stream,
         qp_num,
         local.ring.binding(),
-        peer,
-        Some(hello),
+        admitted.hello,
+        Some((hello, admitted.identity)),
     )
 }
 
@@ -988,8 +993,10 @@ fn finish(
     qp_num: u32,
     ring: Weak<RegionInner>,
     peer: Hello,
-    pending_hello: Option<Hello>,
+    accepted: Option<(Hello, Option<String>)>,
 ) -> Result<Connected<SoftQp>, FabricError> {
+    // Server side: the hello to send once established, and who the peer is.
+    let (pending_hello, identity) = accepted.map_or((None, None), |(h, id)| (Some(h), id));
     stream
         .set_read_timeout(None)
         .map_err(|e| FabricError::io("set_read_timeout", e))?;
@@ -1031,5 +1038,7 @@ fn finish(
         },
         peer: peer.ring,
         peer_addr,
+        identity,
+        fabric: "tcp",
     })
 }

@@ -57,10 +57,12 @@ pub use region::VerbsRegion;
 use resources::{CompChannel, Context, Cq, Mr, Pd, Qp, Srq, is_full};
 
 use super::{
-    Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError, FabricErrorKind,
-    FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus, WriteImm,
+    Admission, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
+    FabricErrorKind, FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus,
+    WriteImm,
 };
-use crate::fabric::bootstrap::{self, Acceptor, Hello, HelloFabric};
+use crate::fabric::bootstrap::{self, Hello, HelloFabric};
+use crate::fabric::gate::{Admitted, Gate};
 use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -186,11 +188,11 @@ impl VerbsFabric {
 /// Accepts `rdma://` connections (the handshake's TCP port).
 #[derive(Debug)]
 pub struct VerbsListener {
-    acceptor: Acceptor,
+    acceptor: Gate,
 }
 
 impl Listener<VerbsFabric> for VerbsListener {
-    fn next(&self) -> Result<Option<TcpStream>, FabricError> {
+    fn next(&self) -> Result<Option<Admitted>, FabricError> {
         self.acceptor.next()
     }
     fn local_url(&self) -> String {
@@ -199,6 +201,9 @@ impl Listener<VerbsFabric> for VerbsListener {
     fn close(&self) {
         self.acceptor.close();
     }
+    fn refuse(&self, incoming: Admitted, code: crate::Code, why: &str) {
+        incoming.refuse(code, why);
+    }
 }
 
 impl Fabric for VerbsFabric {
@@ -206,7 +211,7 @@ impl Fabric for VerbsFabric {
     type Qp = VerbsQp;
     type Cq = VerbsCq;
     type Listener = VerbsListener;
-    type Incoming = TcpStream;
+    type Incoming = Admitted;
 
     fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
         Ok(VerbsRegion {
@@ -253,9 +258,9 @@ impl Fabric for VerbsFabric {
         })
     }
 
-    fn listen(&self, url: &FabricUrl) -> Result<VerbsListener, FabricError> {
+    fn listen(&self, url: &FabricUrl, admission: Admission) -> Result<VerbsListener, FabricError> {
         Ok(VerbsListener {
-            acceptor: Acceptor::bind(url)?,
+            acceptor: Gate::bind(url, HelloFabric::Rdma, admission)?,
         })
     }
 
@@ -274,30 +279,30 @@ impl Fabric for VerbsFabric {
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
         let qp = self.new_qp(cq)?;
         let psn = random_psn();
-        bootstrap::send(&mut stream, &self.hello(&qp.qp, psn, &local))?;
-        let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
+        let hello = self.hello(&qp.qp, psn, &local);
+        bootstrap::send(&mut stream, &hello)?;
+        let peer = bootstrap::client_exchange(
+            &mut stream,
+            &hello,
+            HelloFabric::Rdma,
+            local.credential.as_deref(),
+        )?;
         self.connect_qp(&qp.qp, psn, &peer)?;
-        self.finish(stream, qp, peer, None)
+        self.finish(stream, qp, peer, None, None)
     }
 
     fn accept(
         &self,
-        mut stream: TcpStream,
+        admitted: Admitted,
         local: LocalSetup<'_, VerbsRegion>,
         cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
-        stream
-            .set_nodelay(true)
-            .map_err(|e| FabricError::io("set_nodelay", e))?;
-        stream
-            .set_read_timeout(Some(local.timeout))
-            .map_err(|e| FabricError::io("set_read_timeout", e))?;
-        let peer = bootstrap::recv(&mut stream, HelloFabric::Rdma)?;
+        let peer = admitted.hello;
         let qp = self.new_qp(cq)?;
         let psn = random_psn();
         self.connect_qp(&qp.qp, psn, &peer)?;
         let hello = self.hello(&qp.qp, psn, &local);
-        self.finish(stream, qp, peer, Some(hello))
+        self.finish(admitted.stream, qp, peer, Some(hello), admitted.identity)
     }
 }
 

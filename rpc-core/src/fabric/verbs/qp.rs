@@ -136,6 +136,7 @@ impl VerbsFabric {
         qp: LiveQp,
         peer: Hello,
         pending: Option<Hello>,
+        identity: Option<String>,
     ) -> Result<Connected<VerbsQp>, FabricError> {
         let side = qp.side.clone();
         stream
@@ -159,6 +160,8 @@ impl VerbsFabric {
             },
             peer: peer.ring,
             peer_addr: format!("rdma://{peer_addr}"),
+            identity,
+            fabric: "rdma",
         })
     }
 }
