@@ -262,7 +262,11 @@ on_network_fabrics! {
         for w in workers {
             w.join().unwrap();
         }
-        assert!(started.elapsed() < LIMIT / 2, "failing the calls took {:?}", started.elapsed());
+        // A killed process's kernel closes its sockets: noticed at once, well
+        // within a second (the bound ARCHITECTURE.md gives for kill -9).
+        let took = started.elapsed();
+        eprintln!("{url}: pending calls failed {took:?} after the kill");
+        assert!(took < Duration::from_secs(1), "failing the calls took {took:?}");
         // Later calls fail at once, and the channel says why.
         expect_code(put("after".into()).wait(), Code::Unavailable);
         assert!(!kv.channel().is_connected());
@@ -350,10 +354,14 @@ on_network_fabrics! {
     fn killed_client_leaves_the_server_serving(url: &str) {
         let count = Arc::new((Mutex::new(0u64), Condvar::new()));
         let server = serve(
-            Server::builder().add_service(Counted {
-                inner: KvServer::new(KvStore::new()),
-                count: count.clone(),
-            }),
+            // Room for `other` and the bench: a newcomer gets in only once
+            // the server has dropped the killed bench's connection.
+            Server::builder()
+                .max_connections(2)
+                .add_service(Counted {
+                    inner: KvServer::new(KvStore::new()),
+                    count: count.clone(),
+                }),
             url,
         );
         let u = server.local_url().to_owned();
@@ -377,14 +385,28 @@ on_network_fabrics! {
             std::thread::spawn(move || workload::run(&other, 2000, 4))
         };
         bench.signal("KILL");
+        let killed = Instant::now();
         assert!(bench.wait().code().is_none(), "the bench exited instead of being killed");
+        // The server notices the dead client within a second and frees its
+        // connection: a newcomer fits under the limit again.
+        let newcomer = loop {
+            match rpc_core::Channel::builder(&u).timeout(LIMIT).connect() {
+                Ok(c) => break KvClient::new(c),
+                Err(e) if e.code() == Code::ResourceExhausted && killed.elapsed() < LIMIT => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("no room for a newcomer: {e}"),
+            }
+        };
+        let took = killed.elapsed();
+        eprintln!("{url}: the server dropped the killed client within {took:?}");
+        assert!(took < Duration::from_secs(1), "the server took {took:?} to drop a killed client");
         let summary = bounded("the other client's workload", move || busy.join().unwrap());
         assert_eq!(summary.errors, 0, "{summary}: {:?}", summary.first_error);
 
         // The server still answers correctly, old clients and new.
         let got = other.get(GetRequest { key: "mine".into() }).wait().unwrap();
         assert_eq!(got.into_inner().value.as_deref(), Some(&b"safe"[..]));
-        let newcomer = KvClient::new(channel(&u));
         newcomer.put(PutRequest { key: "new".into(), value: b"n".to_vec() }).wait().unwrap();
         let scan = other
             .scan(ScanRequest { prefix: "new".into(), limit: 0 })

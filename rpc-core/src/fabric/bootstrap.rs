@@ -169,6 +169,35 @@ pub(crate) fn first_of<T>(
     Err(last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing")))
 }
 
+/// TCP keepalive on every handshake connection that stays open (the
+/// tcp:// data connection; the rdma:// liveness channel): first probe after
+/// this much silence (seconds)...
+pub const KEEPALIVE_IDLE_S: u32 = 10;
+/// ...then one probe every this many seconds...
+pub const KEEPALIVE_INTERVAL_S: u32 = 2;
+/// ...and the connection is declared dead after this many unanswered.
+pub const KEEPALIVE_PROBES: u32 = 5;
+/// The longest a dead host on an idle connection goes unnoticed:
+/// 10 s + 5 × 2 s = 20 s. Unacknowledged data is bounded the same way by
+/// `TCP_USER_TIMEOUT`.
+pub const KEEPALIVE_BOUND: Duration =
+    Duration::from_secs((KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES) as u64);
+
+/// Turns on TCP keepalive (see [`KEEPALIVE_BOUND`]) and bounds how long
+/// sent data may stay unacknowledged, so a host that vanished without
+/// closing the connection is noticed on an idle connection too.
+pub fn set_keepalive(stream: &TcpStream) -> Result<(), FabricError> {
+    let sock = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(u64::from(KEEPALIVE_IDLE_S)))
+        .with_interval(Duration::from_secs(u64::from(KEEPALIVE_INTERVAL_S)))
+        .with_retries(KEEPALIVE_PROBES);
+    sock.set_tcp_keepalive(&keepalive)
+        .map_err(|e| FabricError::io("setsockopt(SO_KEEPALIVE)", e))?;
+    sock.set_tcp_user_timeout(Some(KEEPALIVE_BOUND))
+        .map_err(|e| FabricError::io("setsockopt(TCP_USER_TIMEOUT)", e))
+}
+
 /// Sends a hello.
 pub fn send(stream: &mut impl Write, hello: &Hello) -> Result<(), FabricError> {
     stream
@@ -390,6 +419,28 @@ fn read_exact(stream: &mut impl Read, b: &mut [u8]) -> Result<(), FabricError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Connections that stay open (tcp:// data, rdma:// liveness) have
+    /// keepalive on, with the documented bound.
+    #[test]
+    fn keepalive_is_set_with_the_documented_bound() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        set_keepalive(&stream).unwrap();
+        let sock = socket2::SockRef::from(&stream);
+        assert!(sock.keepalive().unwrap());
+        let idle = sock.tcp_keepalive_time().unwrap();
+        let interval = sock.tcp_keepalive_interval().unwrap();
+        let probes = sock.tcp_keepalive_retries().unwrap();
+        assert_eq!(idle, Duration::from_secs(u64::from(KEEPALIVE_IDLE_S)));
+        assert_eq!(
+            interval,
+            Duration::from_secs(u64::from(KEEPALIVE_INTERVAL_S))
+        );
+        assert_eq!(probes, KEEPALIVE_PROBES);
+        assert_eq!(idle + interval * probes, KEEPALIVE_BOUND);
+        assert_eq!(sock.tcp_user_timeout().unwrap(), Some(KEEPALIVE_BOUND));
+    }
 
     fn hello() -> Hello {
         Hello {

@@ -1000,6 +1000,7 @@ fn finish(
     stream
         .set_read_timeout(None)
         .map_err(|e| FabricError::io("set_read_timeout", e))?;
+    bootstrap::set_keepalive(&stream)?;
     stream
         .set_nonblocking(true)
         .map_err(|e| FabricError::io("set_nonblocking", e))?;

@@ -18,79 +18,12 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Duration;
 
-/// TCP keepalive on the liveness connection: first probe after this much
-/// silence (seconds)...
-pub(super) const KEEPALIVE_IDLE_S: i32 = 10;
-/// ...then one probe every this many seconds...
-pub(super) const KEEPALIVE_INTERVAL_S: i32 = 2;
-/// ...and the connection is declared dead after this many unanswered.
-pub(super) const KEEPALIVE_PROBES: i32 = 5;
-/// The longest a dead host on an idle connection goes unnoticed:
-/// 10 s + 5 × 2 s = 20 s. Unacknowledged data (the handshake's last message)
-/// is bounded the same way by `TCP_USER_TIMEOUT`.
-pub const KEEPALIVE_BOUND: Duration =
-    Duration::from_secs((KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES) as u64);
+pub use crate::fabric::bootstrap::KEEPALIVE_BOUND;
+pub(super) use crate::fabric::bootstrap::set_keepalive;
 
 /// The token of the waker that tells the watcher its context is gone.
 const WAKE: Token = Token(usize::MAX);
-
-/// Turns on TCP keepalive (see [`KEEPALIVE_BOUND`]) and bounds how long
-/// sent data may stay unacknowledged, so a host that vanished without
-/// closing the connection is noticed on an idle connection too.
-pub(super) fn set_keepalive(stream: &TcpStream) -> Result<(), FabricError> {
-    let fd = stream.as_raw_fd();
-    let user_timeout_ms = KEEPALIVE_BOUND.as_millis() as i32;
-    for (level, name, value, op) in [
-        (
-            libc::SOL_SOCKET,
-            libc::SO_KEEPALIVE,
-            1,
-            "setsockopt(SO_KEEPALIVE)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPIDLE,
-            KEEPALIVE_IDLE_S,
-            "setsockopt(TCP_KEEPIDLE)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPINTVL,
-            KEEPALIVE_INTERVAL_S,
-            "setsockopt(TCP_KEEPINTVL)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPCNT,
-            KEEPALIVE_PROBES,
-            "setsockopt(TCP_KEEPCNT)",
-        ),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            user_timeout_ms,
-            "setsockopt(TCP_USER_TIMEOUT)",
-        ),
-    ] {
-        // SAFETY: `fd` is the stream's open socket; the option value is a
-        // valid c_int whose size is passed along.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&value as *const i32).cast(),
-                std::mem::size_of::<i32>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(FabricError::io(op, std::io::Error::last_os_error()));
-        }
-    }
-    Ok(())
-}
 
 /// The liveness watcher of one device context, started with its first
 /// connection.
@@ -295,7 +228,7 @@ impl Drop for Watched {
 mod tests {
     use super::*;
     use std::net::{Shutdown, TcpListener};
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     /// A connected pair of loopback sockets: (ours, the peer's).
     fn socket_pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
