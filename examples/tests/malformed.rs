@@ -550,21 +550,7 @@ mod tcp_wire {
     }
 
     fn hello(ring_len: u64) -> [u8; HELLO_LEN] {
-        Hello {
-            fabric: HelloFabric::Tcp,
-            qp_num: 1,
-            psn: 0,
-            lid: 0,
-            gid: [0; 16],
-            mtu: 0,
-            ring: PeerRing {
-                addr: 0x1000,
-                len: ring_len,
-                rkey: 1,
-                max_message: 1024,
-            },
-        }
-        .encode()
+        tcp_hello(ring_len, 1024).encode()
     }
 
     /// Reads until the server closes the socket; returns what it sent.
@@ -662,7 +648,7 @@ mod tcp_wire {
 /// A peer that completes the handshake and then stops reading.
 mod stalled_peer {
     use super::*;
-    use rpc_core::testing::bootstrap::{HELLO_LEN, Hello, HelloFabric};
+    use rpc_core::testing::bootstrap::HELLO_LEN;
     use std::io::{Read, Write};
 
     #[test]
@@ -679,20 +665,7 @@ mod stalled_peer {
                 let mut hello = [0; HELLO_LEN];
                 s.read_exact(&mut hello).unwrap();
                 let ring = 64 << 20;
-                let reply = Hello {
-                    fabric: HelloFabric::Tcp,
-                    qp_num: 1,
-                    psn: 0,
-                    lid: 0,
-                    gid: [0; 16],
-                    mtu: 0,
-                    ring: PeerRing {
-                        addr: 0x1000,
-                        len: ring,
-                        rkey: 1,
-                        max_message: (ring / 2) as u32 - HEADER_LEN as u32,
-                    },
-                };
+                let reply = tcp_hello(ring, (ring / 2) as u32 - HEADER_LEN as u32);
                 s.write_all(&reply.encode()).unwrap();
                 let _ = done_rx.recv_timeout(LIMIT);
                 drop(s);

@@ -4,23 +4,16 @@
 //! allocator, whose heap would otherwise keep them). The whole process is
 //! measured (client and server here), one test per binary run at a time.
 
+#[macro_use]
+mod common;
+
+use common::rss;
 use examples::echo::EchoRequest;
 use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::EchoServer;
 use examples::services::EchoService;
 use rpc_core::{Channel, Request, Server};
 use std::time::{Duration, Instant};
-
-/// Resident set size of this process, bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
-    kb * 1024
-}
 
 /// Opens `n` channels to `url` with default settings, makes one call on
 /// each (so its rings are touched), and closes them all.

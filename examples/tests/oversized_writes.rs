@@ -13,35 +13,12 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-/// Resident set size of this process, bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
-    kb * 1024
-}
-
 /// Handshakes by hand: a valid 64-byte hello for a 64 KiB ring; returns the
 /// server's ring.
 fn handshake(stream: &mut TcpStream) -> PeerRing {
-    let hello = Hello {
-        fabric: HelloFabric::Tcp,
-        qp_num: 1,
-        psn: 0,
-        lid: 0,
-        gid: [0; 16],
-        mtu: 0,
-        ring: PeerRing {
-            addr: 0x1000,
-            len: 64 << 10,
-            rkey: 1,
-            max_message: 1024,
-        },
-    };
-    stream.write_all(&hello.encode()).unwrap();
+    stream
+        .write_all(&tcp_hello(64 << 10, 1024).encode())
+        .unwrap();
     let mut reply = [0; HELLO_LEN];
     stream.read_exact(&mut reply).expect("the server's hello");
     Hello::decode(&reply, HelloFabric::Tcp)

@@ -467,3 +467,34 @@ pub fn eventually(what: &str, check: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Resident set size of this process, bytes.
+pub fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kb * 1024
+}
+
+/// A valid tcp:// hello for a hand-written peer with a ring of `ring_len`
+/// bytes, accepting messages up to `max_message`.
+pub fn tcp_hello(ring_len: u64, max_message: u32) -> rpc_core::testing::bootstrap::Hello {
+    use rpc_core::testing::bootstrap::{Hello, HelloFabric};
+    Hello {
+        fabric: HelloFabric::Tcp,
+        qp_num: 1,
+        psn: 0,
+        lid: 0,
+        gid: [0; 16],
+        mtu: 0,
+        ring: rpc_core::fabric::PeerRing {
+            addr: 0x1000,
+            len: ring_len,
+            rkey: 1,
+            max_message,
+        },
+    }
+}
