@@ -373,3 +373,38 @@ on_every_fabric! {
         server.shutdown();
     }
 }
+
+on_every_fabric! {
+    fn slow_calls_of_one_connection_do_not_starve_another(url: &str) {
+        // Two pool threads and 40 calls of a 200 ms blocking handler from
+        // one connection: queued first come, first served, a call from
+        // another connection would wait 4 s. The pool takes connections in
+        // turn, so it waits for one running call at most.
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).blocking_threads(2), url);
+        let u = server.local_url();
+        let slow = EchoClient::new(channel(u));
+        let slow_calls: Vec<_> = (0..40)
+            .map(|i| slow.echo(echo_request(&format!("slow-{i}"), vec![], &[("sleep-ms", "200")])))
+            .collect();
+        probe.wait_entered("slow-0");
+        probe.wait_entered("slow-1");
+        let other = channel(u);
+        let started = std::time::Instant::now();
+        let reply = EchoClient::new(other.clone())
+            .echo(echo_request("fast", vec![7], &[]))
+            .wait()
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(reply.into_inner().payload, vec![7]);
+        assert!(took < Duration::from_secs(1), "a fast call waited {took:?} behind another connection's slow ones");
+        // A method that runs on the dispatcher is not held up at all.
+        let started = std::time::Instant::now();
+        KvClient::new(other).get(GetRequest { key: "k".into() }).wait().unwrap();
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(500), "a dispatcher call waited {took:?}");
+        for call in slow_calls {
+            call.wait().unwrap();
+        }
+    }
+}

@@ -6,89 +6,107 @@
 //! goes to a bounded pool instead: threads start when a job finds none idle,
 //! up to the pool's limit; beyond it, jobs queue.
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Jobs waiting for a thread, one queue per key (a server uses one per
+/// connection), taken round-robin across keys: a connection with a
+/// hundred slow calls queued delays another's call by at most one job per
+/// busy thread, not by its whole queue.
+#[derive(Default)]
+struct Queues {
+    /// Each key's jobs, oldest first.
+    jobs: HashMap<u64, VecDeque<Job>>,
+    /// Keys that have jobs, in the order they are served next.
+    turn: VecDeque<u64>,
+    queued: usize,
+    /// Threads waiting for a job.
+    idle: usize,
+    threads: usize,
+}
+
+impl Queues {
+    fn push(&mut self, key: u64, job: Job) {
+        let q = self.jobs.entry(key).or_default();
+        if q.is_empty() {
+            self.turn.push_back(key);
+        }
+        q.push_back(job);
+        self.queued += 1;
+    }
+
+    fn pop(&mut self) -> Option<Job> {
+        let key = self.turn.pop_front()?;
+        let q = self.jobs.get_mut(&key).expect("a key in turn has jobs");
+        let job = q.pop_front().expect("a key in turn has jobs");
+        if q.is_empty() {
+            self.jobs.remove(&key);
+        } else {
+            self.turn.push_back(key);
+        }
+        self.queued -= 1;
+        Some(job)
+    }
+}
+
 struct PoolState {
     name: &'static str,
     max_threads: usize,
-    threads: AtomicUsize,
-    /// Threads waiting for a job.
-    idle: AtomicUsize,
-    /// Jobs sent and not taken yet.
-    queued: AtomicUsize,
+    queues: Mutex<Queues>,
+    ready: Condvar,
 }
 
-/// A bounded pool of threads for blocking work.
+/// A bounded pool of threads for blocking work, fair across keys.
 pub(crate) struct BlockingPool {
-    tx: crossbeam_channel::Sender<Job>,
-    rx: crossbeam_channel::Receiver<Job>,
     state: Arc<PoolState>,
 }
 
 impl BlockingPool {
     /// A pool of at most `max_threads` threads named `name-N`, none started yet.
     pub(crate) fn new(name: &'static str, max_threads: usize) -> BlockingPool {
-        let (tx, rx) = crossbeam_channel::unbounded();
         BlockingPool {
-            tx,
-            rx,
             state: Arc::new(PoolState {
                 name,
                 max_threads: max_threads.max(1),
-                threads: AtomicUsize::new(0),
-                idle: AtomicUsize::new(0),
-                queued: AtomicUsize::new(0),
+                queues: Mutex::default(),
+                ready: Condvar::new(),
             }),
         }
     }
 
-    /// Runs `job` on a pool thread, starting one if fewer are idle than
-    /// jobs wait and the limit allows; otherwise it waits for a thread to
-    /// be free.
+    /// Runs `job` on a pool thread, under key 0.
     pub(crate) fn execute(&self, job: Job) {
+        self.execute_for(0, job);
+    }
+
+    /// Runs `job` on a pool thread: an idle one, or a new one if the limit
+    /// allows; otherwise it waits its key's turn (see [`Queues`]).
+    pub(crate) fn execute_for(&self, key: u64, job: Job) {
         let st = &self.state;
-        let queued = st.queued.fetch_add(1, Ordering::AcqRel) + 1;
-        if let Err(e) = self.tx.send(job) {
-            // Only if every receiver is gone, which this pool's own prevents.
-            st.queued.fetch_sub(1, Ordering::AcqRel);
-            (e.into_inner())();
+        let mut q = st.queues.lock().unwrap_or_else(|e| e.into_inner());
+        q.push(key, job);
+        if q.idle >= q.queued {
+            drop(q);
+            st.ready.notify_one();
             return;
         }
-        // Counted before the job is taken and after, an idle thread may be
-        // missed and one started too many: never one too few.
-        if st.idle.load(Ordering::Acquire) >= queued {
+        if q.threads >= st.max_threads {
             return;
         }
-        let n = st.threads.load(Ordering::Acquire);
-        if n >= st.max_threads
-            || st
-                .threads
-                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return;
-        }
-        let rx = self.rx.clone();
+        let n = q.threads;
+        q.threads += 1;
+        drop(q);
         let state = st.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("{}-{n}", st.name))
-            .spawn(move || {
-                loop {
-                    state.idle.fetch_add(1, Ordering::AcqRel);
-                    let Ok(job) = rx.recv() else { return };
-                    state.queued.fetch_sub(1, Ordering::AcqRel);
-                    state.idle.fetch_sub(1, Ordering::AcqRel);
-                    job();
-                }
-            });
+            .spawn(move || state.work());
         if let Err(e) = spawned {
-            st.threads.fetch_sub(1, Ordering::AcqRel);
+            st.queues.lock().unwrap_or_else(|e| e.into_inner()).threads -= 1;
             tracing::error!(error = %e, pool = st.name, "cannot start a blocking-pool thread");
         }
     }
@@ -96,7 +114,25 @@ impl BlockingPool {
     /// Threads started so far.
     #[cfg(test)]
     pub(crate) fn threads(&self) -> usize {
-        self.state.threads.load(Ordering::Acquire)
+        self.state.queues.lock().unwrap().threads
+    }
+}
+
+impl PoolState {
+    /// A pool thread: takes jobs for as long as the process lives.
+    fn work(&self) {
+        let mut q = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(job) = q.pop() {
+                drop(q);
+                job();
+                q = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            q.idle += 1;
+            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+            q.idle -= 1;
+        }
     }
 }
 
@@ -232,6 +268,37 @@ mod tests {
             rx2.recv_timeout(Duration::from_secs(10)).unwrap();
             assert_eq!(pool.threads(), 3);
         }
+    }
+
+    #[test]
+    fn a_key_with_many_jobs_does_not_hold_up_another() {
+        let pool = BlockingPool::new("test-pool", 1);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        // Key 1 queues ten jobs behind a first one that holds the only
+        // thread until key 2's job is in.
+        let (go_tx, go_rx) = crossbeam_channel::bounded::<()>(1);
+        pool.execute_for(1, Box::new(move || go_rx.recv().unwrap()));
+        for i in 0..10 {
+            let tx = tx.clone();
+            pool.execute_for(1, Box::new(move || tx.send((1, i)).unwrap()));
+        }
+        let tx2 = tx.clone();
+        pool.execute_for(2, Box::new(move || tx2.send((2, 0)).unwrap()));
+        go_tx.send(()).unwrap();
+        let order: Vec<(u64, i32)> = (0..11)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        // Key 2 went first or second (after at most one of key 1's queued
+        // jobs, depending on whether the thread took the first job before
+        // the others were queued), not eleventh; each key in its own order.
+        let two = order.iter().position(|&(k, _)| k == 2).unwrap();
+        assert!(two <= 1, "key 2 ran {two}th: {order:?}");
+        let ones: Vec<i32> = order
+            .iter()
+            .filter(|(k, _)| *k == 1)
+            .map(|(_, i)| *i)
+            .collect();
+        assert_eq!(ones, (0..10).collect::<Vec<_>>());
     }
 
     #[test]

@@ -1036,9 +1036,10 @@ impl<F: Fabric> Role<F> for ServerRole {
         }
         if route.blocking {
             let service = route.service.clone();
-            shared
-                .pool
-                .execute(Box::new(move || call_service(&*service, call)));
+            shared.pool.execute_for(
+                u64::from(conn.qp_num),
+                Box::new(move || call_service(&*service, call)),
+            );
         } else {
             call_service(&*route.service, call);
         }
