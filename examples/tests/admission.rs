@@ -1,6 +1,5 @@
-//! Who may connect, and how many: authentication at the handshake, a cap
-//! on connections, and handshakes that cost no thread and cannot keep real
-//! clients out.
+//! Who may connect, and how many: authentication at the handshake and a
+//! cap on connections (silent handshakes: `idle_handshakes.rs`).
 
 #[macro_use]
 mod common;
@@ -8,8 +7,6 @@ mod common;
 use common::*;
 use examples::echo::echo_client::EchoClient;
 use rpc_core::{Channel, Code, SharedSecret, SharedSecrets};
-use std::net::TcpStream;
-use std::time::{Duration, Instant};
 
 const KEY: &str = "correct horse battery staple";
 
@@ -105,77 +102,7 @@ on_every_fabric! {
         assert!(e.message().contains("limit of 2 connections"), "{e}");
         // Room again once a client leaves.
         drop(first);
-        let deadline = Instant::now() + LIMIT;
-        let third = loop {
-            match Channel::connect(u) {
-                Ok(c) => break c,
-                Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(e) => panic!("no room after a client left: {e}"),
-            }
-        };
+        let third = connect_when_there_is_room(u);
         assert_eq!(who(third).1, None);
-    }
-}
-
-/// Threads of this process.
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
-/// Lets this process open `n` descriptors, if its hard limit allows.
-fn allow_descriptors(n: u64) {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        if lim.rlim_cur < n {
-            lim.rlim_cur = n.min(lim.rlim_max);
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-        }
-    }
-}
-
-/// The peer address and port of a `scheme://ip:port` URL.
-fn socket_addr(url: &str) -> String {
-    url.split("://").nth(1).unwrap().to_owned()
-}
-
-on_network_fabrics! {
-    fn idle_handshakes_hold_no_thread_and_keep_nobody_out(url: &str) {
-        const IDLE: usize = 2000;
-        allow_descriptors(8192);
-        let probe = Probe::new();
-        let server = serve(test_server(&probe), url);
-        let u = server.local_url().to_owned();
-        let addr = socket_addr(&u);
-        // The client side's own threads start with its first channel.
-        drop(channel(&u));
-        let before = threads();
-        // Peers that connect and never say a word.
-        let idle: Vec<TcpStream> = (0..IDLE)
-            .map(|i| {
-                TcpStream::connect(&addr).unwrap_or_else(|e| panic!("idle connect {i}: {e}"))
-            })
-            .collect();
-        // Let the server take them all in.
-        std::thread::sleep(Duration::from_millis(300));
-        let during = threads();
-        assert!(
-            during <= before,
-            "{IDLE} idle handshakes took {} threads",
-            during.saturating_sub(before)
-        );
-        // A real client still gets in at once.
-        let started = Instant::now();
-        let real = channel(&u);
-        let took = started.elapsed();
-        assert!(took < Duration::from_millis(100), "connecting took {took:?}");
-        assert_eq!(who(real).1, None);
-        drop(idle);
     }
 }

@@ -55,7 +55,9 @@ fn ninety_three_bytes_cannot_make_the_server_allocate() {
         let probe = Probe::new();
         let server = serve(test_server(&probe), TCP_ANY);
         let url = server.local_url().to_owned();
-        let addr = url.strip_prefix("tcp://").unwrap().to_owned();
+        let addr = rpc_core::fabric::FabricUrl::parse(&url)
+            .unwrap()
+            .socket_addr();
         let good = channel(&url);
         drop(good);
         std::thread::sleep(Duration::from_millis(200));

@@ -389,15 +389,7 @@ on_network_fabrics! {
         assert!(bench.wait().code().is_none(), "the bench exited instead of being killed");
         // The server notices the dead client within a second and frees its
         // connection: a newcomer fits under the limit again.
-        let newcomer = loop {
-            match rpc_core::Channel::builder(&u).timeout(LIMIT).connect() {
-                Ok(c) => break KvClient::new(c),
-                Err(e) if e.code() == Code::ResourceExhausted && killed.elapsed() < LIMIT => {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => panic!("no room for a newcomer: {e}"),
-            }
-        };
+        let newcomer = KvClient::new(connect_when_there_is_room(&u));
         let took = killed.elapsed();
         eprintln!("{url}: the server dropped the killed client within {took:?}");
         assert!(took < Duration::from_secs(1), "the server took {took:?} to drop a killed client");

@@ -7,6 +7,7 @@
 #[macro_use]
 mod common;
 
+use common::threads;
 use examples::echo::EchoRequest;
 use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::EchoServer;
@@ -21,11 +22,6 @@ const SERVER_DISPATCHERS: usize = 2;
 const SLACK: usize = 8;
 /// Small rings: this test is about threads, not memory.
 const RING: usize = 64 << 10;
-
-/// Threads of this process.
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
 
 /// Threads whose name starts with `prefix`, and their names.
 fn named(prefix: &str) -> Vec<String> {

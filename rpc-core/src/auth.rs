@@ -270,6 +270,17 @@ fn verify_with<'s>(
     })
 }
 
+/// `auth`'s verdict on a client's answer, as the server logs it and the
+/// refused client reads it.
+pub(crate) fn verify_answer(
+    auth: &dyn Authenticator,
+    challenge: &Challenge<'_>,
+    answer: &[u8],
+) -> Result<Verified, String> {
+    auth.verify(challenge, answer)
+        .map_err(|why| format!("authentication failed: {why}"))
+}
+
 /// A fresh random nonce from the operating system.
 pub(crate) fn random_nonce() -> Result<[u8; NONCE_LEN], String> {
     let mut n = [0u8; NONCE_LEN];

@@ -614,6 +614,7 @@ pub struct ServerBuilder {
     config: Config,
     dispatchers: usize,
     blocking_threads: usize,
+    /// How handshakes are admitted; their timeout is `config.connect_timeout`.
     admission: Admission,
     max_connections: usize,
     #[cfg(feature = "tokio")]
@@ -737,7 +738,6 @@ impl ServerBuilder {
 
     /// How long a client's connection set-up may take (default 5 s).
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
-        self.admission.timeout = timeout;
         self.config.connect_timeout = timeout;
         self
     }
@@ -811,7 +811,11 @@ impl ServerBuilder {
         url: &FabricUrl,
         routes: IdMap<Route>,
     ) -> Result<ServerHandle, Status> {
-        let listener = Arc::new(fabric.listen(url, self.admission.clone())?);
+        let admission = Admission {
+            timeout: self.config.connect_timeout,
+            ..self.admission.clone()
+        };
+        let listener = Arc::new(fabric.listen(url, admission)?);
         let local_url = listener.local_url();
         let shared = Arc::new(ServerShared {
             routes,

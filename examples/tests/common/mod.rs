@@ -164,6 +164,21 @@ pub fn channel(url: &str) -> Channel {
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }
 
+/// A channel to a server at its connection limit, once it has room:
+/// retries while connecting fails with `ResourceExhausted`, up to [`LIMIT`].
+pub fn connect_when_there_is_room(url: &str) -> Channel {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match Channel::builder(url).timeout(LIMIT).connect() {
+            Ok(c) => return c,
+            Err(e) if e.code() == Code::ResourceExhausted && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("no room on {url}: {e}"),
+        }
+    }
+}
+
 /// Asserts that `result` failed with `code`, and returns the status.
 #[track_caller]
 pub fn expect_code<T: std::fmt::Debug>(result: Result<T, Status>, code: Code) -> Status {
@@ -466,6 +481,11 @@ pub fn eventually(what: &str, check: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Threads of this process.
+pub fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
 /// Resident set size of this process, bytes.

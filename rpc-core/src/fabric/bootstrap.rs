@@ -293,12 +293,7 @@ pub fn client_exchange(
                 b[..8].copy_from_slice(&tag);
                 read_exact(stream, &mut b[8..])?;
                 if credential.is_some() && !proven {
-                    return Err(FabricError::refused(
-                        Code::Unauthenticated,
-                        "handshake",
-                        "the server did not authenticate itself (it asks no credential); \
-                         this channel has one and will not talk to it",
-                    ));
+                    return Err(unauthenticated(UNPROVEN_SERVER));
                 }
                 return Hello::decode(&b, fabric)
                     .map_err(|why| FabricError::protocol("handshake", why));
@@ -309,19 +304,9 @@ pub fn client_exchange(
                 let mut why =
                     vec![0u8; usize::from(u16::from_le_bytes([head[2], head[3]])).min(MAX_REASON)];
                 read_exact(stream, &mut why)?;
-                let code = Code::from_u16(u16::from(head[0]));
-                let code = if code == Code::Ok {
-                    Code::Unknown
-                } else {
-                    code
-                };
-                return Err(FabricError::refused(
-                    code,
-                    "handshake",
-                    format!(
-                        "the server refused the connection: {}",
-                        String::from_utf8_lossy(&why)
-                    ),
+                return Err(refused_by_server(
+                    Code::from_u16(u16::from(head[0])),
+                    &String::from_utf8_lossy(&why),
                 ));
             }
             TAG_CHALLENGE if answered.is_none() => {
@@ -329,20 +314,13 @@ pub fn client_exchange(
                 let nonce: [u8; NONCE_LEN] = body.try_into().map_err(|_| {
                     FabricError::protocol("handshake", "malformed authentication challenge")
                 })?;
-                let credential = credential.ok_or_else(|| {
-                    FabricError::refused(
-                        Code::Unauthenticated,
-                        "handshake",
-                        "the server requires a credential and this channel has none \
-                         (see ChannelBuilder::credential)",
-                    )
-                })?;
+                let credential = credential.ok_or_else(|| unauthenticated(NO_CREDENTIAL))?;
                 let answer = credential
                     .answer(&Challenge {
                         nonce: &nonce,
                         hello: &sent,
                     })
-                    .map_err(|why| FabricError::refused(Code::Unauthenticated, "handshake", why))?;
+                    .map_err(unauthenticated)?;
                 if answer.len() > MAX_AUTH_LEN {
                     return Err(FabricError::invalid(
                         "handshake",
@@ -386,6 +364,35 @@ pub fn client_exchange(
             }
         }
     }
+}
+
+/// Why a server that asks for a credential refuses a client without one.
+pub(crate) const NO_CREDENTIAL: &str = "the server requires a credential and this channel has none \
+     (see ChannelBuilder::credential)";
+
+/// Why a client with a credential refuses a server that did not prove it
+/// knows it.
+pub(crate) const UNPROVEN_SERVER: &str = "the server did not authenticate itself (it asks no credential); \
+     this channel has one and will not talk to it";
+
+/// A client's handshake failing authentication, on any fabric.
+pub(crate) fn unauthenticated(why: impl Into<String>) -> FabricError {
+    FabricError::refused(Code::Unauthenticated, "handshake", why)
+}
+
+/// A client's handshake refused by the server with `code` and `why`, on
+/// any fabric (a refusal never means `Ok`).
+pub(crate) fn refused_by_server(code: Code, why: &str) -> FabricError {
+    let code = if code == Code::Ok {
+        Code::Unknown
+    } else {
+        code
+    };
+    FabricError::refused(
+        code,
+        "handshake",
+        format!("the server refused the connection: {why}"),
+    )
 }
 
 /// Reads a `u16` length and at most `max` bytes.

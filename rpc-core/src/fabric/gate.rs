@@ -14,7 +14,7 @@
 
 use super::bootstrap::{self, ANSWER_HEAD, HELLO_LEN, Hello, HelloFabric, Record};
 use crate::Code;
-use crate::auth::{Authenticator, Challenge, NONCE_LEN, random_nonce};
+use crate::auth::{Authenticator, Challenge, NONCE_LEN, random_nonce, verify_answer};
 use crate::fabric::{FabricError, FabricUrl};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use mio::unix::SourceFd;
@@ -63,7 +63,7 @@ impl Default for Admission {
 /// 1,024 pending handshakes, or a quarter of the descriptors this process
 /// may open if that is fewer (each holds one), but at least 16.
 pub fn default_max_pending() -> usize {
-    let mut lim = libc_rlimit_nofile();
+    let mut lim = descriptor_limit();
     if lim == 0 {
         lim = 1024;
     }
@@ -71,7 +71,7 @@ pub fn default_max_pending() -> usize {
 }
 
 /// The soft limit on open descriptors (0 if unknown).
-fn libc_rlimit_nofile() -> usize {
+fn descriptor_limit() -> usize {
     // Read from /proc rather than through libc, which this build may not link.
     std::fs::read_to_string("/proc/self/limits")
         .ok()
@@ -101,11 +101,8 @@ pub struct Admitted {
 
 impl Admitted {
     /// Tells the client why it is not taken, and closes.
-    pub fn refuse(mut self, code: Code, why: &str) {
-        tracing::warn!(peer = %self.peer_addr, %why, "connection refused");
-        let _ = self
-            .stream
-            .write_all(&Record::Refused(code, why.into()).encode());
+    pub fn refuse(self, code: Code, why: &str) {
+        refuse(&self.stream, self.peer_addr, code, why);
     }
 }
 
@@ -217,10 +214,10 @@ impl Drop for Gate {
 enum Step {
     /// Reading the client's hello.
     Hello,
-    /// Reading the head of the client's answer to a challenge.
-    AnswerHead,
+    /// Challenged after this hello: reading the head of the answer.
+    AnswerHead(Hello),
     /// Reading the answer itself.
-    Answer,
+    Answer(Hello),
 }
 
 struct Pending {
@@ -231,6 +228,7 @@ struct Pending {
     step: Step,
     buf: Vec<u8>,
     need: usize,
+    /// The hello's bytes, as the client sent them (what it authenticates).
     hello: [u8; HELLO_LEN],
     nonce: [u8; NONCE_LEN],
 }
@@ -406,10 +404,7 @@ impl State {
             Progress::Drop(code, why) => {
                 let p = self.remove(key);
                 match code {
-                    Some(code) => {
-                        tracing::warn!(peer = %p.peer, %why, "connection refused");
-                        let _ = (&p.stream).write(&Record::Refused(code, why).encode());
-                    }
+                    Some(code) => refuse(&p.stream, p.peer, code, &why),
                     None => tracing::debug!(peer = %p.peer, %why, "handshake failed"),
                 }
             }
@@ -478,43 +473,44 @@ fn read_more(p: &mut Pending, fabric: HelloFabric, auth: Option<&dyn Authenticat
                 if !send_all(&p.stream, &Record::Challenge(p.nonce).encode()) {
                     return Progress::Drop(None, "cannot send the challenge".into());
                 }
-                p.step = Step::AnswerHead;
+                p.step = Step::AnswerHead(hello);
                 p.need = ANSWER_HEAD;
             }
-            Step::AnswerHead => {
+            Step::AnswerHead(hello) => {
                 let head: &[u8; ANSWER_HEAD] = p.buf[..].try_into().expect("head length");
                 match bootstrap::answer_len(head) {
                     Ok(len) => {
-                        p.step = Step::Answer;
+                        p.step = Step::Answer(hello);
                         p.need = len;
                     }
                     Err(why) => return Progress::Drop(Some(Code::Unauthenticated), why),
                 }
             }
-            Step::Answer => {
+            Step::Answer(hello) => {
                 let auth = auth.expect("answers are read only when authenticating");
                 let challenge = Challenge {
                     nonce: &p.nonce,
                     hello: &p.hello,
                 };
-                let verified = match auth.verify(&challenge, &p.buf) {
+                let verified = match verify_answer(auth, &challenge, &p.buf) {
                     Ok(v) => v,
-                    Err(why) => {
-                        return Progress::Drop(
-                            Some(Code::Unauthenticated),
-                            format!("authentication failed: {why}"),
-                        );
-                    }
+                    Err(why) => return Progress::Drop(Some(Code::Unauthenticated), why),
                 };
                 if !send_all(&p.stream, &Record::Proof(verified.proof).encode()) {
                     return Progress::Drop(None, "cannot send the proof".into());
                 }
-                let hello = Hello::decode(&p.hello, fabric).expect("decoded before");
                 return Progress::Admit(hello, Some(verified.identity));
             }
         }
         p.buf.clear();
     }
+}
+
+/// Tells a client why it is not taken (logged), before its connection
+/// closes.
+fn refuse(stream: &TcpStream, peer: SocketAddr, code: Code, why: &str) {
+    tracing::warn!(%peer, %why, "connection refused");
+    send_all(stream, &Record::Refused(code, why.into()).encode());
 }
 
 /// Writes a small record to a fresh connection without blocking: its send

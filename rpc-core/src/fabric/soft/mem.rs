@@ -2,7 +2,8 @@
 
 use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
 use crate::Code;
-use crate::auth::{Challenge, Credential, random_nonce};
+use crate::auth::{Challenge, Credential, random_nonce, verify_answer};
+use crate::fabric::bootstrap;
 use crate::fabric::{
     Admission, Completion, CompletionKind, Connected, FabricError, LocalSetup, PeerRing, Region,
     WcStatus, WriteImm,
@@ -62,13 +63,10 @@ impl MemIncoming {
             return Ok(());
         };
         let refused = |why: String| (Code::Unauthenticated, why);
-        let credential = self.credential.clone().ok_or_else(|| {
-            refused(
-                "the server requires a credential and this channel has none \
-                 (see ChannelBuilder::credential)"
-                    .into(),
-            )
-        })?;
+        let credential = self
+            .credential
+            .clone()
+            .ok_or_else(|| refused(bootstrap::NO_CREDENTIAL.into()))?;
         let nonce = random_nonce().map_err(|why| (Code::Internal, why))?;
         let transcript = self.transcript();
         let challenge = Challenge {
@@ -76,9 +74,7 @@ impl MemIncoming {
             hello: &transcript,
         };
         let answer = credential.answer(&challenge).map_err(refused)?;
-        let verified = auth
-            .verify(&challenge, &answer)
-            .map_err(|why| refused(format!("authentication failed: {why}")))?;
+        let verified = verify_answer(&**auth, &challenge, &answer).map_err(refused)?;
         credential
             .check(&challenge, &answer, &verified.proof)
             .map_err(refused)?;
@@ -270,20 +266,9 @@ pub(super) fn connect(
                 format!("mem://{name} did not complete the handshake"),
             )
         })?
-        .map_err(|(code, why)| {
-            FabricError::refused(
-                code,
-                "handshake",
-                format!("the server refused the connection: {why}"),
-            )
-        })?;
+        .map_err(|(code, why)| bootstrap::refused_by_server(code, &why))?;
     if local.credential.is_some() && !reply.authenticated {
-        return Err(FabricError::refused(
-            Code::Unauthenticated,
-            "handshake",
-            "the server did not authenticate itself (it asks no credential); \
-             this channel has one and will not talk to it",
-        ));
+        return Err(bootstrap::unauthenticated(bootstrap::UNPROVEN_SERVER));
     }
     Ok(Connected {
         qp: SoftQp {
