@@ -697,3 +697,76 @@ mod stalled_peer {
         });
     }
 }
+
+/// Zero-length credit doorbells the raw side receives within `window`,
+/// and whether anything else (a frame, an error) came.
+fn heartbeats_within(raw: &Raw, window: Duration) -> usize {
+    let end = Instant::now() + window;
+    let mut beats = 0;
+    let mut out = Vec::new();
+    while Instant::now() < end {
+        out.clear();
+        if raw.cq.poll(&mut out, 16) == 0 {
+            raw.cq.wait(Some(Duration::from_millis(10)));
+            continue;
+        }
+        for c in &out {
+            assert_eq!(c.status, WcStatus::Success, "the connection failed: {c:?}");
+            let CompletionKind::RecvImm { imm, byte_len } = c.kind else {
+                continue;
+            };
+            assert!(
+                matches!(Doorbell::decode(imm), Some(Doorbell::Credit { .. })),
+                "an idle server sends only credit doorbells, got {imm:#x}"
+            );
+            assert_eq!(byte_len, 0, "a heartbeat carries no bytes");
+            beats += 1;
+        }
+    }
+    beats
+}
+
+on_soft_fabrics! {
+    fn an_idle_connection_beats_at_the_configured_interval(url: &str) {
+        // Every 100 ms: a beat after 100-150 ms of silence, so 8-10 in a
+        // second (fewer if this machine is slow; never none).
+        let probe = Probe::new();
+        let server = serve(
+            test_server(&probe).heartbeat(Some(Duration::from_millis(100))),
+            url,
+        );
+        let mut raw = Raw::connect(server.local_url());
+        raw.echo(b"hello");
+        let beats = heartbeats_within(&raw, Duration::from_secs(1));
+        assert!((3..=11).contains(&beats), "{beats} heartbeats in 1 s");
+        // Still in good standing.
+        raw.echo(b"after");
+        drop(raw);
+        bounded("shutdown", move || server.shutdown());
+
+        // Turned off: none.
+        let server = serve(test_server(&probe).heartbeat(None), url);
+        let mut raw = Raw::connect(server.local_url());
+        raw.echo(b"hello");
+        assert_eq!(heartbeats_within(&raw, Duration::from_millis(1500)), 0);
+        drop(raw);
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
+#[test]
+fn a_heartbeat_interval_below_the_minimum_is_refused() {
+    let short = rpc_core::MIN_HEARTBEAT / 2;
+    let err = rpc_core::Server::builder()
+        .heartbeat(Some(short))
+        .serve(TCP_ANY)
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    let err = rpc_core::Channel::builder("tcp://127.0.0.1:1")
+        .heartbeat(Some(short))
+        .connect()
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+}

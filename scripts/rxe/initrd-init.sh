@@ -5,7 +5,7 @@
 # all setup happens here. Loads the modules, mounts the host's / (9p,
 # read-only) under a tmpfs overlay, brings up the netdev for rxe, then
 # switch_root to guest-init.sh as PID 1.
-# The host's scripts/rxe/run passes rxeinit, rxekdir, rxenet and rxedebug on
+# The host's scripts/rxe/run passes rxeinit, rxekdir, rxenet, rxeip and rxedebug on
 # the kernel command line; the kernel hands them to /init as environment.
 # shellcheck disable=SC2154,SC2086,SC2015  # set by the kernel; no spaces anywhere
 B=/bin/busybox
@@ -36,7 +36,11 @@ echo rxe-guest > $N/proc/sys/kernel/hostname
 $B stty -F /dev/console -onlcr   # no CR added to every LF
 
 $B ip link set lo up
-if [ "$rxenet" = virtio ]; then dev=eth0 ip=10.0.2.15; else dev=dummy0 ip=192.0.2.1; fi
+case $rxenet in
+  virtio) dev=eth0 ip=10.0.2.15 ;;
+  wire) dev=eth0 ip=$rxeip ;;   # scripts/rxe/pair: the other guest is at the other end
+  *) dev=dummy0 ip=192.0.2.1 ;;
+esac
 $B ip addr add $ip/24 dev $dev && $B ip link set $dev up || die "no netdev $dev"
 export RXE_DEV=rxe0 RXE_NETDEV=$dev RXE_IP=$ip
 # Stage 2's shell is this busybox, copied to tmpfs: no slow exec over 9p.

@@ -17,6 +17,42 @@ pub(crate) struct Config {
     pub spin: Duration,
     /// Connection set-up time limit.
     pub connect_timeout: Duration,
+    /// A connection that sent nothing for this long sends a heartbeat
+    /// (see [`DEFAULT_HEARTBEAT`]); `None`: no heartbeats.
+    pub heartbeat: Option<Duration>,
+}
+
+/// The default heartbeat interval. A connection that sent nothing for one
+/// to one and a half intervals sends a zero-length credit doorbell, which
+/// the peer's transport must acknowledge. A peer host that vanished is then
+/// noticed within [`heartbeat_bound`]: on rdma:// within 1.5 intervals plus
+/// the reliable connection's retries (7 sends 67 ms apart; longer on NICs
+/// that stretch the ack timeout), about 2 s with the default; on tcp:// once
+/// the kernel has seen no acknowledgement for [`unacked_limit`] while bytes
+/// are in flight, about 3.5 s.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// The shortest heartbeat interval accepted.
+pub const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
+
+/// How long a peer's transport may acknowledge nothing while writes wait
+/// for it before the connection is taken for dead, with heartbeats every
+/// `interval`: three intervals, and at least 2 s (TCP retransmits a lost
+/// segment after 200 ms, then 400 ms, 800 ms...: a few losses in a row are
+/// not a dead host).
+pub(crate) fn unacked_limit(interval: Duration) -> Duration {
+    (interval * 3).max(Duration::from_secs(2))
+}
+
+/// The longest a vanished peer host goes unnoticed with heartbeats every
+/// `interval` (5 s with the default): then every pending call fails with
+/// `Unavailable` and the connection's memory is returned. A heartbeat
+/// leaves within 1.5 intervals of the connection's last write, and the
+/// check runs every half interval: 2 intervals plus [`unacked_limit`] at
+/// most (RDMA's reliable connections fail the heartbeat's write sooner, see
+/// [`DEFAULT_HEARTBEAT`]).
+pub fn heartbeat_bound(interval: Duration) -> Duration {
+    interval * 2 + unacked_limit(interval)
 }
 
 impl Default for Config {
@@ -29,12 +65,20 @@ impl Default for Config {
             srq_depth: 4096,
             spin: Duration::from_micros(50),
             connect_timeout: Duration::from_secs(5),
+            heartbeat: Some(DEFAULT_HEARTBEAT),
         }
     }
 }
 
 impl Config {
     pub(crate) fn validate(&self) -> Result<(), Status> {
+        if let Some(every) = self.heartbeat {
+            if every < MIN_HEARTBEAT {
+                return Err(Status::invalid_argument(format!(
+                    "heartbeat interval {every:?} is shorter than the minimum of {MIN_HEARTBEAT:?}"
+                )));
+            }
+        }
         crate::protocol::ring::check_capacity(self.ring_size)
             .map_err(|e| Status::invalid_argument(format!("ring size: {e}")))?;
         let largest = self.ring_size / 2 - HEADER_LEN;

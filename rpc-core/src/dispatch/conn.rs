@@ -17,6 +17,20 @@ pub(super) struct SendState<F: Fabric> {
     pub(super) qp: Option<F::Qp>,
     pub(super) staging: F::Region,
     pub(super) proto: Sender,
+    /// The heartbeat, if on (see [`Conn::heartbeat_tick`]).
+    pub(super) heartbeat: Option<Heartbeat>,
+}
+
+/// A connection's heartbeat schedule.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Heartbeat {
+    /// Half the interval: how often it ticks.
+    half: Duration,
+    /// When the next tick is due.
+    next: Instant,
+    /// How long the peer's transport may acknowledge nothing while writes
+    /// wait (see [`QueuePair::unacknowledged_for`](crate::fabric::QueuePair::unacknowledged_for)).
+    unacked_limit: Duration,
 }
 
 impl From<SendError> for Status {
@@ -111,6 +125,7 @@ impl<F: Fabric> Conn<F> {
                 qp: Some(c.qp),
                 staging,
                 proto: Sender::new(peer_cap, cap, sq_depth, max_backlog).map_err(ring_err)?,
+                heartbeat: None,
             }),
             failure: Mutex::new(None),
             recvs: 0,
@@ -288,7 +303,9 @@ impl<F: Fabric> Conn<F> {
     /// Posts the writes the sender handed out, in order, as one batch.
     /// Marks the connection failed on error.
     pub(super) fn post_transmits(&self, s: &mut SendState<F>) {
-        let SendState { qp, staging, proto } = s;
+        let SendState {
+            qp, staging, proto, ..
+        } = s;
         let transmits = proto.transmits();
         if transmits.is_empty() {
             proto.on_posted(Ok(()));
@@ -449,6 +466,47 @@ impl<F: Fabric> Conn<F> {
         // Held by a batch under way on this thread? Post it now anyway.
         self.post_transmits(&mut s);
         Some(wr_id)
+    }
+
+    /// Beats every `interval` when idle (see [`Sender::heartbeat_tick`]);
+    /// returns when its first tick is due.
+    pub(super) fn start_heartbeat(&self, interval: Duration, now: Instant) -> Instant {
+        let beat = Heartbeat {
+            half: interval / 2,
+            next: now + interval / 2,
+            unacked_limit: super::config::unacked_limit(interval),
+        };
+        self.send_state().heartbeat = Some(beat);
+        beat.next
+    }
+
+    /// A heartbeat tick, if one is due by `now`: posts a heartbeat if the
+    /// connection sent nothing for a while. Returns when the next is due,
+    /// or why the peer is taken for dead: its transport acknowledged
+    /// nothing for too long while writes waited.
+    pub(super) fn heartbeat_tick(&self, now: Instant) -> Result<Option<Instant>, String> {
+        let mut s = self.send_state();
+        let Some(beat) = s.heartbeat.as_mut() else {
+            return Ok(None);
+        };
+        if now < beat.next {
+            return Ok(Some(beat.next));
+        }
+        beat.next = now + beat.half;
+        let (next, limit) = (beat.next, beat.unacked_limit);
+        if let Some(silent) = s.qp.as_ref().and_then(|qp| qp.unacknowledged_for()) {
+            if silent >= limit {
+                return Err(format!(
+                    "peer unreachable: nothing acknowledged for {:.1} s",
+                    silent.as_secs_f64()
+                ));
+            }
+        }
+        if let Some(wr_id) = s.proto.heartbeat_tick() {
+            tracing::trace!(qp_num = self.qp_num, wr_id, "heartbeat");
+            self.post_transmits(&mut s);
+        }
+        Ok(Some(next))
     }
 
     /// Whether the write `wr_id` (and so every one before it) completed, or

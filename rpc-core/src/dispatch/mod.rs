@@ -8,6 +8,7 @@ mod spin;
 mod srq;
 
 pub(crate) use config::Config;
+pub use config::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 use conn::MAX_PEER_RING;
 pub(crate) use conn::{Conn, OutFrame};
 pub(crate) use spin::AdaptiveSpin;
@@ -90,6 +91,9 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     planned_wake: AtomicU64,
     /// The earliest timer others asked for since the last tick (ns since `epoch`).
     timer_hint: AtomicU64,
+    /// When the next heartbeat tick of a connection is due (ns since
+    /// `epoch`; `u64::MAX`: none).
+    next_heartbeat: AtomicU64,
     epoch: Instant,
     /// What this dispatcher owes the shared receive queue.
     srq: SrqProvision,
@@ -154,6 +158,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 stop: AtomicBool::new(false),
                 planned_wake: AtomicU64::new(0),
                 timer_hint: AtomicU64::new(u64::MAX),
+                next_heartbeat: AtomicU64::new(u64::MAX),
                 epoch: Instant::now(),
                 srq: SrqProvision::default(),
                 self_polls: AtomicU64::new(0),
@@ -182,12 +187,14 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// the staging area mirrors the peer's ring, whose size the peer chose:
     /// it is registered here, once that size is known.
     ///
-    /// `max_message` is the largest message accepted on it.
+    /// `max_message` is the largest message accepted on it; with
+    /// `heartbeat`, it beats that often when idle.
     pub(crate) fn add(
         &self,
         c: Connected<F::Qp>,
         recv: F::Region,
         max_message: usize,
+        heartbeat: Option<Duration>,
     ) -> Result<Arc<Conn<F>>, Status> {
         let ring_size = recv.len();
         let limit = MAX_PEER_RING.max(ring_size);
@@ -212,6 +219,12 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             .unwrap_or_else(|e| e.into_inner())
             .insert(conn.qp_num, conn.clone());
         self.load.fetch_add(1, Ordering::Relaxed);
+        if let Some(every) = heartbeat {
+            let at = conn.start_heartbeat(every, Instant::now());
+            self.next_heartbeat
+                .fetch_min(self.nanos(at), Ordering::SeqCst);
+            self.wake_by(at);
+        }
         tracing::debug!(qp_num = conn.qp_num, peer = %conn.remote.addr, "connection established");
         Ok(conn)
     }
@@ -343,9 +356,43 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             return next_tick.min(self.epoch + Duration::from_nanos(hint));
         }
         self.timer_hint.store(u64::MAX, Ordering::SeqCst);
-        self.role
+        let role = self
+            .role
             .on_tick(self, now)
-            .unwrap_or(now + Duration::from_secs(3600))
+            .unwrap_or(now + Duration::from_secs(3600));
+        match self.heartbeats(now) {
+            Some(beat) => role.min(beat),
+            None => role,
+        }
+    }
+
+    /// Runs the heartbeat ticks due by `now` (see [`Conn::heartbeat_tick`]);
+    /// returns when the next is due.
+    fn heartbeats(&self, now: Instant) -> Option<Instant> {
+        let due = self.next_heartbeat.load(Ordering::SeqCst);
+        if due == u64::MAX {
+            return None;
+        }
+        if self.nanos(now) < due {
+            return Some(self.epoch + Duration::from_nanos(due));
+        }
+        // Taken before the pass: a connection added meanwhile lowers it.
+        self.next_heartbeat.store(u64::MAX, Ordering::SeqCst);
+        let mut next = None::<Instant>;
+        for conn in self.connections() {
+            match conn.heartbeat_tick(now) {
+                Ok(Some(at)) => next = Some(next.map_or(at, |n| n.min(at))),
+                Ok(None) => {}
+                Err(why) => {
+                    tracing::warn!(qp_num = conn.qp_num, peer = %conn.remote.addr, %why, "closing connection: peer unreachable");
+                    self.close(&conn, &why);
+                }
+            }
+        }
+        let next = next?;
+        self.next_heartbeat
+            .fetch_min(self.nanos(next), Ordering::SeqCst);
+        Some(next)
     }
 
     /// The poll state, unless another thread holds it (a poisoned lock is

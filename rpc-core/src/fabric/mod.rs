@@ -115,6 +115,13 @@ pub trait QueuePair: Send + 'static {
     fn established(&mut self) -> Result<(), FabricError> {
         Ok(())
     }
+    /// How long the peer's transport has acknowledged nothing while writes
+    /// sent on this queue pair wait for it, if the fabric can tell; `None`
+    /// when nothing waits or it cannot. tcp:// asks the kernel; RDMA's
+    /// reliable connections fail such writes themselves after their retries.
+    fn unacknowledged_for(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// What completed.

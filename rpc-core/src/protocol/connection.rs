@@ -113,6 +113,10 @@ pub struct Sender {
     /// send meanwhile.
     corked: bool,
     transmits: Vec<Transmit>,
+    /// `posted` at the last heartbeat tick, and how many ticks in a row
+    /// found it unchanged (see [`Sender::heartbeat_tick`]).
+    heartbeat_seen: u64,
+    quiet_ticks: u32,
 }
 
 impl Sender {
@@ -154,6 +158,8 @@ impl Sender {
             batching: false,
             corked: false,
             transmits: Vec::with_capacity(MAX_HELD),
+            heartbeat_seen: 0,
+            quiet_ticks: 0,
         }
     }
 
@@ -419,6 +425,30 @@ impl Sender {
             return None;
         }
         Some(self.push_credit(true))
+    }
+
+    /// The heartbeat, called every half heartbeat interval: when nothing
+    /// was handed out for two ticks in a row (between one and one and a
+    /// half intervals), hands out a signaled credit doorbell and returns its
+    /// work request id. The peer's transport must acknowledge it (an RC ack,
+    /// a TCP ack), so a peer host that vanished is noticed on an idle
+    /// connection, or one that only waits for responses, within the
+    /// transport's retry budget; a live but busy peer process is never
+    /// taken for dead, since its kernel or NIC acknowledges for it.
+    pub fn heartbeat_tick(&mut self) -> Option<u64> {
+        if self.posted != self.heartbeat_seen {
+            self.heartbeat_seen = self.posted;
+            self.quiet_ticks = 0;
+            return None;
+        }
+        self.quiet_ticks += 1;
+        if self.quiet_ticks < 2 || self.dead.is_some() || !self.sq_room() {
+            return None;
+        }
+        let wr_id = self.push_credit(true);
+        self.heartbeat_seen = self.posted;
+        self.quiet_ticks = 0;
+        Some(wr_id)
     }
 
     /// Whether the write `wr_id` (and so every one before it) completed, or
@@ -808,6 +838,46 @@ mod tests {
             r.on_frame(0, 0, 1 << 20, |_| header).is_err(),
             "past the ring"
         );
+    }
+
+    #[test]
+    fn a_heartbeat_leaves_after_two_quiet_ticks_only() {
+        let mut tx = Sender::new(4096, 4096, 64, 1 << 20).unwrap();
+        assert_eq!(tx.heartbeat_tick(), None, "first quiet tick");
+        let wr = tx.heartbeat_tick().expect("second quiet tick: a heartbeat");
+        let t = tx.transmits();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].wr_id, wr);
+        assert!(t[0].local.is_none(), "zero-length");
+        assert!(t[0].signaled);
+        assert_eq!(
+            Doorbell::decode(t[0].imm),
+            Some(Doorbell::Credit { ack: 0 })
+        );
+        tx.on_posted(Ok(()));
+        // Its own write counts as traffic: the next one needs two more.
+        assert_eq!(tx.heartbeat_tick(), None);
+        assert!(tx.heartbeat_tick().is_some());
+        tx.on_posted(Ok(()));
+
+        // Any write between ticks keeps the heartbeat away.
+        for _ in 0..5 {
+            let Reserved::Ring { offset, .. } = tx.reserve(64, false).unwrap() else {
+                panic!("room")
+            };
+            tx.sent(offset, 64, false);
+            tx.on_posted(Ok(()));
+            assert_eq!(tx.heartbeat_tick(), None);
+        }
+        assert_eq!(tx.heartbeat_tick(), None);
+        assert!(tx.heartbeat_tick().is_some());
+
+        // A dead connection beats no more.
+        tx.on_posted(Ok(()));
+        tx.kill("gone");
+        for _ in 0..4 {
+            assert_eq!(tx.heartbeat_tick(), None);
+        }
     }
 
     #[test]

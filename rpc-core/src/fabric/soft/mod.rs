@@ -466,6 +466,13 @@ impl SoftQp {
 impl QueuePair for SoftQp {
     type Region = SoftRegion;
 
+    fn unacknowledged_for(&self) -> Option<Duration> {
+        match &self.wire {
+            Wire::Mem(_) => None,
+            Wire::Tcp(w) => w.unacknowledged_for(),
+        }
+    }
+
     fn qp_num(&self) -> u32 {
         self.qp_num
     }

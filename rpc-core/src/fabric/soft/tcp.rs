@@ -826,7 +826,45 @@ pub(super) struct TcpWire {
     pending_hello: Option<Hello>,
 }
 
+/// How long the peer's kernel has acknowledged nothing while bytes of
+/// `stream` wait for it, from `TCP_INFO`; `None` unless bytes are in flight
+/// and their retransmission timer ran out twice in a row (0.6 s at least).
+/// That second condition keeps out a connection that merely has not heard
+/// from its peer for a while: a dispatcher that stopped reading (a long
+/// handler) and now sends again, whose peer's acks are on their way. A
+/// peer that stopped reading (a zero window) acknowledges the window
+/// probes, and nothing is in flight meanwhile: that is not silence either.
+///
+/// The soft fabrics' one use of `unsafe`: `TCP_INFO` is not in the
+/// socket crates' safe APIs.
+#[allow(unsafe_code)]
+pub(super) fn unacknowledged_for(stream: &TcpStream) -> Option<Duration> {
+    // SAFETY: plain old data; zero is valid.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is valid for writes of `len` bytes, and `len` tells
+    // the kernel so; the socket is open (`stream` owns it).
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || info.tcpi_unacked == 0 || info.tcpi_retransmits < 2 {
+        return None;
+    }
+    Some(Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
+}
+
 impl TcpWire {
+    /// See [`unacknowledged_for`].
+    pub(super) fn unacknowledged_for(&self) -> Option<Duration> {
+        unacknowledged_for(&self.conn.stream)
+    }
+
     /// Sends `count` writes with one vectored write. `Err` names the work
     /// request that failed and why.
     pub(super) fn write_batch<'a>(

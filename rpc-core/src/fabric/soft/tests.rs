@@ -163,3 +163,44 @@ fn a_peer_that_is_not_rdma_rpc_fails_the_handshake() {
     assert!(e.to_string().contains("not an rdma-rpc endpoint"), "{e}");
     junk.join().unwrap();
 }
+
+#[test]
+fn a_peer_that_stops_reading_is_not_silent() {
+    // Its kernel acknowledges what fits in its buffers, then advertises a
+    // zero window and acknowledges the probes: nothing stays in flight
+    // unacknowledged, however long it does not read.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut ours = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_peer, _) = l.accept().unwrap();
+    assert_eq!(tcp::unacknowledged_for(&ours), None, "nothing sent yet");
+    ours.set_nonblocking(true).unwrap();
+    let chunk = vec![7u8; 1 << 16];
+    let mut sent = 0usize;
+    while let Ok(n) = ours.write(&chunk) {
+        sent += n;
+    }
+    assert!(sent > 0);
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        thread::sleep(Duration::from_millis(100));
+        if let Some(silent) = tcp::unacknowledged_for(&ours) {
+            // Segments just sent may wait for their ack for a moment.
+            assert!(
+                silent < Duration::from_millis(500),
+                "a live peer taken for silent for {silent:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_quiet_connection_that_sends_again_is_not_silent() {
+    // Nothing came from the peer for a while (as after a long handler), then
+    // this side sends: the peer's ack is on its way, not missing.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut ours = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_peer, _) = l.accept().unwrap();
+    thread::sleep(Duration::from_millis(1200));
+    ours.write_all(&[1; 4096]).unwrap();
+    assert_eq!(tcp::unacknowledged_for(&ours), None);
+}

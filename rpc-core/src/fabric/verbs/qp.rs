@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// The QP's local ack timeout exponent: 4.096 µs × 2^14 = 67 ms.
+pub(super) const RC_ACK_TIMEOUT: u8 = 14;
+/// Retransmissions of an unacknowledged write before it fails (see
+/// [`VerbsFabric::connect_qp`]): 7 sends in all, about 0.5 s on Soft-RoCE.
+pub(super) const RC_RETRIES: u8 = 6;
+
 impl VerbsFabric {
     pub(super) fn hello(&self, qp: &Qp, psn: u32, local: &LocalSetup<'_, VerbsRegion>) -> Hello {
         Hello {
@@ -81,6 +87,10 @@ impl VerbsFabric {
     }
 
     /// Moves `qp` to RTR then RTS towards `peer`.
+    ///
+    /// `retry_cnt` is 6, not the field's maximum of 7: Soft-RoCE takes 7 to
+    /// mean "retry forever" (as `rnr_retry` does by the spec), and then a
+    /// peer host that vanishes is never noticed at this level.
     pub(super) fn connect_qp(&self, qp: &Qp, psn: u32, peer: &Hello) -> Result<(), FabricError> {
         let c = &self.inner.choice;
         use ffi::ibv_qp_attr_mask as m;
@@ -116,8 +126,12 @@ impl VerbsFabric {
         // SAFETY: plain old data; zero is valid.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
-        a.timeout = 14;
-        a.retry_cnt = 7;
+        // An unacknowledged write is sent again after 4.096 µs × 2^14 =
+        // 67 ms, up to RC_RETRIES times, then fails with RetryExceeded: the
+        // budget within which a vanished peer host is noticed once
+        // something (a heartbeat at least) is in flight.
+        a.timeout = RC_ACK_TIMEOUT;
+        a.retry_cnt = RC_RETRIES;
         a.rnr_retry = 7; // retry forever: the SRQ is refilled, RNR only delays
         a.sq_psn = psn;
         a.max_rd_atomic = 1;
@@ -142,6 +156,8 @@ impl VerbsFabric {
         stream
             .set_read_timeout(None)
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
+        // The side channel stays idle: keepalive notices a vanished host
+        // there; heartbeats on the queue pair itself notice it sooner.
         set_keepalive(&stream)?;
         let peer_addr = stream
             .peer_addr()
