@@ -598,13 +598,22 @@ mod tcp_wire {
     }
 
     #[test]
-    fn hello_with_a_huge_ring_is_refused() {
+    fn hello_with_a_huge_ring_gets_a_bounded_share_of_it() {
         watchdog(|| {
-            // A valid 16 GiB ring: the server must refuse to mirror it
-            // rather than allocate that much for a stranger.
+            // A valid 16 GiB ring: the server uses (and mirrors) only the
+            // 64 MiB it stages at most, instead of allocating that much for
+            // a stranger, and tells the client so in its hello.
             let (server, good, mut stream) = setup();
             stream.write_all(&hello(1 << 34)).unwrap();
-            assert!(read_until_closed(&mut stream).is_empty());
+            let mut reply = [0; HELLO_LEN];
+            stream.read_exact(&mut reply).expect("the server's hello");
+            let theirs = Hello::decode(&reply, HelloFabric::Tcp).expect("a valid hello");
+            assert_eq!(theirs.ring.len, 2 << 20, "the server's own ring");
+            assert!(
+                u64::from(theirs.ring.max_message) < theirs.ring.len / 2,
+                "{theirs:?}"
+            );
+            drop(stream);
             finish(server, good);
         });
     }

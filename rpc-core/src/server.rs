@@ -3,13 +3,15 @@
 use crate::auth::Authenticator;
 use crate::blocking::BlockingPool;
 use crate::dispatch::encode_exact;
-use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
+use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded, staging_limit};
 use crate::executor::{self, Executor, panic_message};
 use crate::fabric::soft::SoftFabric;
-use crate::fabric::{Admission, Fabric, FabricUrl, Listener, LocalSetup, Scheme};
+use crate::fabric::{
+    Admission, Fabric, FabricUrl, Incoming, Listener, LocalSetup, PeerRing, Scheme,
+};
 use crate::idmap::IdMap;
 use crate::protocol::stream::DEFAULT_WINDOW;
-use crate::protocol::{CallId, FrameKind};
+use crate::protocol::{CallId, FrameKind, SendError};
 use crate::streaming::{Link, Outbox, Producer, Signal, StreamCore, StreamEnd, Streaming};
 use crate::{Code, Metadata, Request, Response, Status};
 use futures_core::Stream;
@@ -456,8 +458,15 @@ impl ServerCall {
             metadata: Some(&metadata),
             payload_len: message.encoded_len(),
         };
-        if let Err(status) = sink.send(&frame, false, &mut |buf| encode_exact(&message, buf)) {
+        if let Err(e) = sink.send(&frame, false, &mut |buf| encode_exact(&message, buf)) {
             // Too large for the client, or the connection is gone: say so if we still can.
+            let status = match e {
+                SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
+                    "response of {len} bytes exceeds the client's limit of {max} bytes \
+                     (half the ring it receives into: ChannelBuilder::ring_size raises it)"
+                )),
+                e => Status::from(e),
+            };
             tracing::debug!(peer = sink.peer(), %status, "could not send a response");
             self.sink = Some(sink);
             self.reply_err(&status);
@@ -492,7 +501,7 @@ fn send_error(sink: &dyn Link, call_id: CallId, method_id: u32, status: &Status)
         payload_len: message.len(),
     };
     if let Err(e) = sink.send(&frame, false, &mut |buf| buf.copy_from_slice(message)) {
-        tracing::debug!(peer = sink.peer(), error = %e, "could not send an error response");
+        tracing::debug!(peer = sink.peer(), error = %Status::from(e), "could not send an error response");
     }
 }
 
@@ -936,16 +945,32 @@ fn accept_loop<F: Fabric>(
     }
 }
 
+/// The receive ring (bytes) and largest request for a connection from a
+/// client whose ring is `client`: each direction is its own agreement. The
+/// client stages what it sends in a mirror of this ring, and stages at most
+/// [`staging_limit`] of its own ring size: a server with a larger ring
+/// offers that client only as much (and requests up to half of it), so
+/// that a client with default settings can use any server.
+fn ring_for(config: &Config, client: &PeerRing) -> (usize, usize) {
+    let client_ring = usize::try_from(client.len).unwrap_or(usize::MAX);
+    let ring = config.ring_size.min(staging_limit(client_ring));
+    let max_message = config
+        .max_message
+        .min(ring / 2 - crate::protocol::HEADER_LEN);
+    (ring, max_message)
+}
+
 fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> Result<(), Status> {
-    let ring = ep.register_ring()?;
+    let (ring_len, max_message) = ring_for(&ep.config, &incoming.peer_ring());
+    let ring = ep.register_ring(ring_len)?;
     let local = LocalSetup {
         ring: &ring,
-        max_message: ep.config.max_message as u32,
+        max_message: max_message as u32,
         timeout: ep.config.connect_timeout,
         credential: None,
     };
     let connected = ep.fabric.accept(incoming, local, &ep.cq)?;
-    let conn = ep.add(connected, ring, ep.config.max_message, ep.config.heartbeat)?;
+    let conn = ep.add(connected, ring, max_message, ep.config.heartbeat)?;
     if let Err(status) = conn.established() {
         ep.close(&conn, "handshake failed");
         return Err(status);

@@ -16,7 +16,7 @@ use crate::dispatch::{OutFrame, encode_exact};
 use crate::protocol::stream::{
     Inbound, MAX_BATCH, RECORD_PREFIX, Records, RecvWindow, SendWindow, StreamError,
 };
-use crate::protocol::{CallId, FrameKind, Header};
+use crate::protocol::{CallId, FrameKind, Header, SendError};
 use crate::{Code, Metadata, Request, Response, Status};
 use futures_core::Stream;
 use prost::bytes::Bytes;
@@ -46,7 +46,7 @@ pub(crate) trait Link: Send + Sync {
         frame: &OutFrame<'_>,
         cork: bool,
         fill: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), Status>;
+    ) -> Result<(), SendError>;
     /// Posts the writes held by corked sends.
     fn uncork(&self);
     /// The peer's address, for logs.
@@ -61,8 +61,13 @@ pub(crate) trait Link: Send + Sync {
 struct NoLink;
 
 impl Link for NoLink {
-    fn send(&self, _: &OutFrame<'_>, _: bool, _: &mut dyn FnMut(&mut [u8])) -> Result<(), Status> {
-        Err(Status::unavailable("the call did not start"))
+    fn send(
+        &self,
+        _: &OutFrame<'_>,
+        _: bool,
+        _: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), SendError> {
+        Err(SendError::Closed("the call did not start".into()))
     }
     fn uncork(&self) {}
     fn peer(&self) -> &str {
@@ -90,7 +95,7 @@ pub(crate) fn send_control(
         metadata: None,
         payload_len: 0,
     };
-    link.send(&frame, false, &mut |_| {})
+    link.send(&frame, false, &mut |_| {}).map_err(Status::from)
 }
 
 /// Whether a call was cancelled, and who waits to hear it: what a server
@@ -544,7 +549,7 @@ impl Outbox {
         };
         let sent = self.link.send(&frame, true, fill);
         self.first_metadata = None;
-        Poll::Ready(sent)
+        Poll::Ready(sent.map_err(Status::from))
     }
 
     /// Posts what corked sends held.

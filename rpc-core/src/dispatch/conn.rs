@@ -11,6 +11,12 @@ pub(super) const MAX_POOLED_BUFFER: usize = 256 << 10;
 /// each connection stages its outgoing frames in a mirror of the peer's ring.
 pub(super) const MAX_PEER_RING: usize = 64 << 20;
 
+/// The largest peer ring a side whose own ring is `own_ring` bytes stages
+/// for: [`MAX_PEER_RING`], or its own ring if larger.
+pub(crate) fn staging_limit(own_ring: usize) -> usize {
+    MAX_PEER_RING.max(own_ring)
+}
+
 /// The send path's state: the protocol's [`Sender`] and what it needs from
 /// the fabric (the queue pair and the staging area).
 pub(super) struct SendState<F: Fabric> {
@@ -38,7 +44,8 @@ impl From<SendError> for Status {
         match e {
             SendError::Closed(why) => Status::unavailable(format!("connection closed: {why}")),
             SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
-                "message of {len} bytes exceeds the peer's limit of {max} bytes"
+                "message of {len} bytes exceeds the peer's limit of {max} bytes \
+                 (half the ring it receives into)"
             )),
             SendError::Full(why) => Status::resource_exhausted(why),
             SendError::Metadata(len) => Status::invalid_argument(format!(
@@ -94,13 +101,16 @@ impl<F: Fabric> Drop for Conn<F> {
 impl<F: Fabric> Conn<F> {
     /// `c` comes last so that, on an error return, the queue pair it holds is
     /// dropped before the regions (parameters drop in reverse order).
+    /// Of `recv_region`, the first `cap` bytes are the ring (see
+    /// [`super::ring_shares`]); of the peer's ring, `c.peer.len`.
     pub(super) fn new(
         recv_region: F::Region,
+        cap: usize,
         staging: F::Region,
         max_backlog: usize,
         c: Connected<F::Qp>,
     ) -> Result<Conn<F>, Status> {
-        let cap = recv_region.len();
+        debug_assert!(cap <= recv_region.len());
         let ring_err = |e: crate::protocol::RingError| Status::internal(format!("ring: {e}"));
         let peer_cap =
             usize::try_from(c.peer.len).map_err(|_| Status::internal("peer ring too large"))?;
@@ -546,10 +556,8 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
         frame: &OutFrame<'_>,
         cork: bool,
         fill: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), Status> {
-        self.send_with(frame, false, cork, fill)
-            .map(drop)
-            .map_err(Status::from)
+    ) -> Result<(), SendError> {
+        self.send_with(frame, false, cork, fill).map(drop)
     }
     fn uncork(&self) {
         Conn::uncork(self)

@@ -9,7 +9,7 @@ mod srq;
 
 pub(crate) use config::Config;
 pub use config::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
-use conn::MAX_PEER_RING;
+pub(crate) use conn::staging_limit;
 pub(crate) use conn::{Conn, OutFrame};
 pub(crate) use spin::AdaptiveSpin;
 use spin::{POLL_NAP, spin_pause};
@@ -176,42 +176,43 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         self.load.load(Ordering::Relaxed)
     }
 
-    /// Registers the receive ring of a new connection.
-    pub(crate) fn register_ring(&self) -> Result<F::Region, Status> {
-        Ok(self.fabric.register(self.config.ring_size, true)?)
+    /// Registers the receive ring of a new connection, `len` bytes.
+    pub(crate) fn register_ring(&self, len: usize) -> Result<F::Region, Status> {
+        Ok(self.fabric.register(len, true)?)
     }
 
     /// Adds a connected queue pair; from now on its completions are dispatched.
     ///
     /// Frames are staged at the offset they will take in the peer's ring, so
     /// the staging area mirrors the peer's ring, whose size the peer chose:
-    /// it is registered here, once that size is known.
+    /// it is registered here, once that size is known. Each side stages at
+    /// most [`staging_limit`] of its own ring, so each direction uses
+    /// `min(receiver's ring, sender's staging limit)` of the receiver's
+    /// ring (see [`ring_shares`]): both sides compute the same from the two
+    /// hellos, and any two sides can talk, each message limited by what
+    /// its direction holds.
     ///
     /// `max_message` is the largest message accepted on it; with
     /// `heartbeat`, it beats that often when idle.
     pub(crate) fn add(
         &self,
-        c: Connected<F::Qp>,
+        mut c: Connected<F::Qp>,
         recv: F::Region,
         max_message: usize,
         heartbeat: Option<Duration>,
     ) -> Result<Arc<Conn<F>>, Status> {
-        let ring_size = recv.len();
-        let limit = MAX_PEER_RING.max(ring_size);
-        let peer_cap = usize::try_from(c.peer.len)
-            .ok()
-            .filter(|&len| len <= limit)
-            .ok_or_else(|| {
-                Status::resource_exhausted(format!(
-                    "peer ring of {} bytes is larger than the {limit} bytes this side stages",
-                    c.peer.len
-                ))
-            })?;
-        let staging = self.fabric.register(peer_cap, false)?;
-        let recvs = SrqProvision::for_connection(ring_size, peer_cap)?;
-        let mut conn = Conn::new(recv, staging, self.config.max_backlog, c)?;
+        let peer_ring = usize::try_from(c.peer.len)
+            .map_err(|_| Status::resource_exhausted("peer ring too large"))?;
+        let (recv_cap, send_cap) = ring_shares(recv.len(), peer_ring);
+        // What fits in half of each direction's share.
+        let largest = |cap: usize| cap / 2 - HEADER_LEN;
+        c.peer.len = send_cap as u64;
+        c.peer.max_message = c.peer.max_message.min(largest(send_cap) as u32);
+        let staging = self.fabric.register(send_cap, false)?;
+        let recvs = SrqProvision::for_connection(recv_cap, send_cap)?;
+        let mut conn = Conn::new(recv, recv_cap, staging, self.config.max_backlog, c)?;
         conn.recvs = recvs;
-        conn.max_message = max_message;
+        conn.max_message = max_message.min(largest(recv_cap));
         self.fabric.post_recv(recvs)?;
         let conn = Arc::new(conn);
         self.conns
@@ -725,6 +726,15 @@ impl Drop for PollingCaller<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// How much of each ring a connection uses, from this side's receive ring
+/// (`own`) and the peer's (`peer`): (of this side's ring, of the peer's).
+/// A sender stages at most [`staging_limit`] of its own ring size, so it
+/// uses no more of the receiver's ring; the peer computes the same pair,
+/// swapped.
+pub(crate) fn ring_shares(own: usize, peer: usize) -> (usize, usize) {
+    (own.min(staging_limit(peer)), peer.min(staging_limit(own)))
 }
 
 /// The dispatcher of `endpoints` a new connection goes to: the one with the

@@ -99,6 +99,12 @@ pub struct Admitted {
     pub peer_addr: SocketAddr,
 }
 
+impl crate::fabric::Incoming for Admitted {
+    fn peer_ring(&self) -> crate::fabric::PeerRing {
+        self.hello.ring
+    }
+}
+
 impl Admitted {
     /// Tells the client why it is not taken, and closes.
     pub fn refuse(self, code: Code, why: &str) {

@@ -263,7 +263,7 @@ pub trait Fabric: Send + Sync + Sized + Clone + 'static {
     /// Accepts connection attempts.
     type Listener: Listener<Self>;
     /// A connection attempt accepted by a listener, not yet set up.
-    type Incoming: Send + 'static;
+    type Incoming: Incoming;
 
     /// Registers `len` bytes; `remote_write` makes them writable by peers.
     fn register(&self, len: usize, remote_write: bool) -> Result<Self::Region, FabricError>;
@@ -288,6 +288,13 @@ pub trait Fabric: Send + Sync + Sized + Clone + 'static {
         local: LocalSetup<'_, Self::Region>,
         cq: &Self::Cq,
     ) -> Result<Connected<Self::Qp>, FabricError>;
+}
+
+/// A connection attempt admitted by a listener, not yet accepted.
+pub trait Incoming: Send + 'static {
+    /// The receive ring the peer offers (its size and message limit); the
+    /// accepting side sizes its own ring for this connection from it.
+    fn peer_ring(&self) -> PeerRing;
 }
 
 /// Accepts connection attempts for a [`Fabric`].

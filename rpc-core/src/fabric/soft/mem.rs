@@ -40,6 +40,11 @@ pub struct MemIncoming {
 }
 
 impl MemIncoming {
+    /// The client's receive ring.
+    pub(super) fn peer_ring(&self) -> PeerRing {
+        self.ring
+    }
+
     /// Turns the client away: its connect fails with `code`.
     pub(super) fn refuse(self, code: Code, why: &str) {
         tracing::warn!(client = self.qp_num, %why, "connection refused");

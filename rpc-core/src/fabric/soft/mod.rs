@@ -563,6 +563,15 @@ pub enum SoftIncoming {
     Tcp(crate::fabric::gate::Admitted),
 }
 
+impl crate::fabric::Incoming for SoftIncoming {
+    fn peer_ring(&self) -> crate::fabric::PeerRing {
+        match self {
+            SoftIncoming::Mem(i) => i.peer_ring(),
+            SoftIncoming::Tcp(a) => a.peer_ring(),
+        }
+    }
+}
+
 impl super::Listener<SoftFabric> for SoftListener {
     fn next(&self) -> Result<Option<SoftIncoming>, FabricError> {
         match self {

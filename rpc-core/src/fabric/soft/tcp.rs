@@ -396,8 +396,15 @@ pub(super) struct TcpConn {
 }
 
 /// Writes `bufs` to a non-blocking socket until done or it would block;
-/// returns the bytes written, or `Err` if the socket failed.
-fn write_nonblocking(stream: &TcpStream, mut bufs: &mut [IoSlice<'_>]) -> Result<usize, ()> {
+/// returns the bytes written, or `Err` if the socket failed. `bufs` is left
+/// as it was: the caller queues what was not written by counting from the
+/// start (advancing the slices in place would shorten the one a partial
+/// write stopped in, and those bytes would be skipped twice).
+fn write_nonblocking(stream: &TcpStream, bufs: &[IoSlice<'_>]) -> Result<usize, ()> {
+    let mut copy = [IoSlice::new(&[]); 2 * MAX_GATHER];
+    let copy = &mut copy[..bufs.len()];
+    copy.copy_from_slice(bufs);
+    let mut bufs = copy;
     let mut written = 0;
     while !bufs.is_empty() {
         match (&*stream).write_vectored(bufs) {
@@ -423,7 +430,7 @@ impl TcpConn {
     /// when nothing waits ahead of them, and what it cannot take now is
     /// queued for when it is writable. Never blocks. `Err` once the socket
     /// failed or the connection is closing.
-    fn send(&self, bufs: &mut [IoSlice<'_>]) -> Result<(), ()> {
+    fn send(&self, bufs: &[IoSlice<'_>]) -> Result<(), ()> {
         let mut tx = self.tx();
         if tx.failed || tx.closing {
             return Err(());
@@ -459,7 +466,7 @@ impl TcpConn {
             return;
         }
         let TxQueue { bytes, sent, .. } = &mut *tx;
-        match write_nonblocking(&self.stream, &mut [IoSlice::new(&bytes[*sent..])]) {
+        match write_nonblocking(&self.stream, &[IoSlice::new(&bytes[*sent..])]) {
             Ok(n) => {
                 *sent += n;
                 if *sent == bytes.len() {
@@ -501,7 +508,7 @@ impl TcpConn {
         nak[0] = TAG_NAK;
         nak[1..9].copy_from_slice(&wr_id.to_le_bytes());
         nak[9] = status_code(status);
-        let _ = self.send(&mut [IoSlice::new(&nak)]);
+        let _ = self.send(&[IoSlice::new(&nak)]);
         self.tx().closing = true;
         if !self.dead.swap(true, Ordering::AcqRel) {
             cq.push(Completion {
@@ -787,7 +794,7 @@ impl TcpConn {
             let mut ack = [0u8; ACK_LEN];
             ack[0] = TAG_ACK;
             ack[1..9].copy_from_slice(&w.wr_id.to_le_bytes());
-            let _ = self.send(&mut [IoSlice::new(&ack)]);
+            let _ = self.send(&[IoSlice::new(&ack)]);
         }
         Step::Go
     }
@@ -931,7 +938,7 @@ impl TcpWire {
                 }
             }
             self.conn
-                .send(&mut slices[..used])
+                .send(&slices[..used])
                 .map_err(|()| (last_wr, WcStatus::RetryExceeded))?;
             first += n;
         }
@@ -941,7 +948,7 @@ impl TcpWire {
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending_hello.take() {
             let bytes = hello.encode();
-            self.conn.send(&mut [IoSlice::new(&bytes)]).map_err(|()| {
+            self.conn.send(&[IoSlice::new(&bytes)]).map_err(|()| {
                 FabricError::unreachable("accept", "the connection failed during the handshake")
             })?;
         }
