@@ -110,6 +110,9 @@ fn run_slot(url: &str, slot: u64, total: u64, counts: &Counts, kill: &AtomicBool
 /// `total` calls against a server on `url`, a connection killed every
 /// `kill_every`; returns the counts.
 fn soak(url: &str, total: u64, kill_every: Duration) {
+    // RSS is the process's: one soak at a time.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // The plain echo service: it keeps nothing per call, so memory that
     // grows is the runtime's.
     let server = serve(
@@ -134,12 +137,16 @@ fn soak(url: &str, total: u64, kill_every: Duration) {
     // its successor registers its own); a leak makes it climb.
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     let (mut early, mut late) = (0u64, 0u64);
+    let mut last_kill = Instant::now();
     while counts.matched.load(Ordering::Relaxed) < total {
-        std::thread::sleep(kill_every);
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        kills[(rng % CONNECTIONS) as usize].store(true, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(2));
+        if last_kill.elapsed() >= kill_every {
+            last_kill = Instant::now();
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            kills[(rng % CONNECTIONS) as usize].store(true, Ordering::Release);
+        }
         let done = counts.matched.load(Ordering::Relaxed);
         if (total / 10..total * 4 / 10).contains(&done) {
             early = early.max(rss());

@@ -217,18 +217,21 @@ kill $r $t
             "{fabric}: {after:.3} s (documented bound {:.1} s)",
             documented()
         );
-        // What the connection held is given back: its rings and staging
-        // area (2 MiB each; pinned on rdma://) leave RSS within 4 MiB of
+        // What the connection held is given back: RSS ends within 4 MiB of
         // idle (what the first connection set up for good, such as the
-        // dispatcher's allocator arena, stays), at least 2 MiB below the
-        // peak.
+        // dispatcher's allocator arena, stays).
         assert!(
             settled <= base + 4096.0,
             "{fabric}: {settled} kB after, {base} kB idle"
         );
-        assert!(
-            peak - settled >= 2048.0,
-            "{fabric}: {peak} kB connected, {settled} kB after"
-        );
+        // On rdma:// its ring and staging area (2 MiB each) are pinned
+        // while it lives, so their release shows (on tcp:// only the pages
+        // the bench touched would).
+        if fabric == "rdma" {
+            assert!(
+                peak - settled >= 3072.0,
+                "{fabric}: {peak} kB connected, {settled} kB after"
+            );
+        }
     }
 }

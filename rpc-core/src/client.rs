@@ -226,7 +226,7 @@ impl ChannelBuilder {
     /// least 10 ms), or `None` for none. The server's transport must
     /// acknowledge each, so a server host that vanished (power, link) fails
     /// every pending call with `Unavailable` within 5 s with the default (about
-    /// 2 s on rdma://; see [`heartbeat_bound`](crate::heartbeat_bound));
+    /// 2.5 s on rdma://; see [`heartbeat_bound`](crate::heartbeat_bound));
     /// without heartbeats, only TCP keepalive notices, after 20 s.
     pub fn heartbeat(mut self, interval: Option<Duration>) -> Self {
         self.config.heartbeat = interval;
@@ -563,7 +563,10 @@ impl<F: Fabric> Client<F> {
             credential,
         };
         let connected = ep.fabric.connect(url, local, &ep.cq)?;
-        let conn = ep.add(connected, ring, config.max_message, config.heartbeat)?;
+        let conn = ep.add(connected, ring, config.max_message)?;
+        if let Some(every) = config.heartbeat {
+            ep.start_heartbeat(&conn, every);
+        }
         tracing::debug!(%url, qp_num = conn.qp_num, "connected");
         Ok(Client { ep, conn })
     }

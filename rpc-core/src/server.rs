@@ -722,7 +722,7 @@ impl ServerBuilder {
     /// least 10 ms), or `None` for none. The client's transport must
     /// acknowledge each, so the connection of a client host that vanished
     /// is dropped, and its memory returned, within 5 s with the default (about
-    /// 2 s on rdma://; see [`heartbeat_bound`](crate::heartbeat_bound));
+    /// 2.5 s on rdma://; see [`heartbeat_bound`](crate::heartbeat_bound));
     /// without heartbeats, only TCP keepalive notices, after 20 s.
     pub fn heartbeat(mut self, interval: Option<Duration>) -> Self {
         self.config.heartbeat = interval;
@@ -970,10 +970,14 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
         credential: None,
     };
     let connected = ep.fabric.accept(incoming, local, &ep.cq)?;
-    let conn = ep.add(connected, ring, max_message, ep.config.heartbeat)?;
+    let conn = ep.add(connected, ring, max_message)?;
     if let Err(status) = conn.established() {
         ep.close(&conn, "handshake failed");
         return Err(status);
+    }
+    // Only now: on tcp:// nothing may reach the client before the hello.
+    if let Some(every) = ep.config.heartbeat {
+        ep.start_heartbeat(&conn, every);
     }
     tracing::info!(
         peer = %conn.remote.addr,

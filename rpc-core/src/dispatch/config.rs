@@ -26,8 +26,8 @@ pub(crate) struct Config {
 /// to one and a half intervals sends a zero-length credit doorbell, which
 /// the peer's transport must acknowledge. A peer host that vanished is then
 /// noticed within [`heartbeat_bound`]: on rdma:// within 1.5 intervals plus
-/// the reliable connection's retries (7 sends 67 ms apart; longer on NICs
-/// that stretch the ack timeout), about 2 s with the default; on tcp:// once
+/// the reliable connection's retries (7 sends 134 ms apart; longer on NICs
+/// that stretch the ack timeout), about 2.5 s with the default; on tcp:// once
 /// the kernel has seen no acknowledgement for [`unacked_limit`] while bytes
 /// are in flight, about 3.5 s.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);

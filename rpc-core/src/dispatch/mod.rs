@@ -192,14 +192,12 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// hellos, and any two sides can talk, each message limited by what
     /// its direction holds.
     ///
-    /// `max_message` is the largest message accepted on it; with
-    /// `heartbeat`, it beats that often when idle.
+    /// `max_message` is the largest message accepted on it.
     pub(crate) fn add(
         &self,
         mut c: Connected<F::Qp>,
         recv: F::Region,
         max_message: usize,
-        heartbeat: Option<Duration>,
     ) -> Result<Arc<Conn<F>>, Status> {
         let peer_ring = usize::try_from(c.peer.len)
             .map_err(|_| Status::resource_exhausted("peer ring too large"))?;
@@ -220,14 +218,17 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             .unwrap_or_else(|e| e.into_inner())
             .insert(conn.qp_num, conn.clone());
         self.load.fetch_add(1, Ordering::Relaxed);
-        if let Some(every) = heartbeat {
-            let at = conn.start_heartbeat(every, Instant::now());
-            self.next_heartbeat
-                .fetch_min(self.nanos(at), Ordering::SeqCst);
-            self.wake_by(at);
-        }
         tracing::debug!(qp_num = conn.qp_num, peer = %conn.remote.addr, "connection established");
         Ok(conn)
+    }
+
+    /// `conn` beats every `every` when idle (see [`Conn::heartbeat_tick`]),
+    /// from now: once the peer may receive (after the server's hello).
+    pub(crate) fn start_heartbeat(&self, conn: &Conn<F>, every: Duration) {
+        let at = conn.start_heartbeat(every, Instant::now());
+        self.next_heartbeat
+            .fetch_min(self.nanos(at), Ordering::SeqCst);
+        self.wake_by(at);
     }
 
     pub(crate) fn conn(&self, qp_num: u32) -> Option<Arc<Conn<F>>> {
@@ -382,8 +383,15 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let mut next = None::<Instant>;
         for conn in self.connections() {
             match conn.heartbeat_tick(now) {
-                Ok(Some(at)) => next = Some(next.map_or(at, |n| n.min(at))),
-                Ok(None) => {}
+                Ok(at) => {
+                    if let Some(at) = at {
+                        next = Some(next.map_or(at, |n| n.min(at)));
+                    }
+                    // The heartbeat's post failed: the queue pair is dead.
+                    if let Some(why) = conn.take_failure() {
+                        self.close(&conn, &why);
+                    }
+                }
                 Err(why) => {
                     tracing::warn!(qp_num = conn.qp_num, peer = %conn.remote.addr, %why, "closing connection: peer unreachable");
                     self.close(&conn, &why);

@@ -835,7 +835,8 @@ pub(super) struct TcpWire {
 
 /// How long the peer's kernel has acknowledged nothing while bytes of
 /// `stream` wait for it, from `TCP_INFO`; `None` unless bytes are in flight
-/// and their retransmission timer ran out twice in a row (0.6 s at least).
+/// and their retransmission timer ran out twice in a row (0.6 s at least),
+/// or two window probes went unanswered.
 /// That second condition keeps out a connection that merely has not heard
 /// from its peer for a while: a dispatcher that stopped reading (a long
 /// handler) and now sends again, whose peer's acks are on their way. A
@@ -860,7 +861,15 @@ pub(super) fn unacknowledged_for(stream: &TcpStream) -> Option<Duration> {
             &mut len,
         )
     };
-    if rc != 0 || info.tcpi_unacked == 0 || info.tcpi_retransmits < 2 {
+    if rc != 0 {
+        return None;
+    }
+    // Bytes in flight, sent twice more without an ack; or window probes
+    // (the peer had advertised a zero window) twice unanswered: a live
+    // peer's kernel answers every probe, which resets the count.
+    let retried = info.tcpi_unacked > 0 && info.tcpi_retransmits >= 2;
+    let probed = info.tcpi_probes >= 2;
+    if !(retried || probed) {
         return None;
     }
     Some(Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))

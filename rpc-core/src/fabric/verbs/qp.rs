@@ -3,10 +3,11 @@
 
 use super::*;
 
-/// The QP's local ack timeout exponent: 4.096 µs × 2^14 = 67 ms.
-pub(super) const RC_ACK_TIMEOUT: u8 = 14;
+/// The QP's local ack timeout exponent: 4.096 µs × 2^15 = 134 ms, room
+/// for a peer's NIC (or its kernel, on Soft-RoCE) that is slow to ack.
+pub(super) const RC_ACK_TIMEOUT: u8 = 15;
 /// Retransmissions of an unacknowledged write before it fails (see
-/// [`VerbsFabric::connect_qp`]): 7 sends in all, about 0.5 s on Soft-RoCE.
+/// [`VerbsFabric::connect_qp`]): 7 sends in all, about 0.94 s on Soft-RoCE.
 pub(super) const RC_RETRIES: u8 = 6;
 
 impl VerbsFabric {
@@ -126,8 +127,8 @@ impl VerbsFabric {
         // SAFETY: plain old data; zero is valid.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
-        // An unacknowledged write is sent again after 4.096 µs × 2^14 =
-        // 67 ms, up to RC_RETRIES times, then fails with RetryExceeded: the
+        // An unacknowledged write is sent again after 4.096 µs × 2^15 =
+        // 134 ms, up to RC_RETRIES times, then fails with RetryExceeded: the
         // budget within which a vanished peer host is noticed once
         // something (a heartbeat at least) is in flight.
         a.timeout = RC_ACK_TIMEOUT;
