@@ -7,7 +7,7 @@
 #[macro_use]
 mod common;
 
-use common::rss;
+use common::{allow_descriptors, rss};
 use examples::echo::EchoRequest;
 use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::EchoServer;
@@ -51,8 +51,10 @@ fn settle(most: u64, limit: Duration) -> u64 {
 #[test]
 fn closed_connections_give_their_memory_back() {
     const ROUNDS: usize = 10;
-    const CONNECTIONS: usize = 500;
+    const CONNECTIONS: usize = 1000;
     const SLACK: u64 = 64 << 20;
+    // Both ends of every connection are in this process.
+    allow_descriptors(8192);
     let server = Server::builder()
         .add_service(EchoServer::new(EchoService))
         .serve("tcp://127.0.0.1:0")

@@ -518,3 +518,19 @@ pub fn tcp_hello(ring_len: u64, max_message: u32) -> rpc_core::testing::bootstra
         },
     }
 }
+
+/// Lets this process open `n` descriptors, if its hard limit allows.
+pub fn allow_descriptors(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < n {
+            lim.rlim_cur = n.min(lim.rlim_max);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+    }
+}
