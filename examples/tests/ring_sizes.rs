@@ -55,6 +55,9 @@ on_every_fabric! {
         );
         assert!(message.contains("response"), "says what was too large: {message}");
         assert!(message.contains("ring_size"), "says how to raise the limit: {message}");
+        // The server's own limit for this client: half its 64 MiB share.
+        let server_limit = ((32 << 20) - 32).to_string();
+        assert!(message.contains(&server_limit), "names the server's limit: {message}");
 
         // The connection is still good, and a client with a larger ring
         // gets the same response.

@@ -463,7 +463,9 @@ impl ServerCall {
             let status = match e {
                 SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
                     "response of {len} bytes exceeds the client's limit of {max} bytes \
-                     (half the ring it receives into: ChannelBuilder::ring_size raises it)"
+                     (half the ring it receives into: ChannelBuilder::ring_size raises it; \
+                     this server accepts requests up to {} bytes)",
+                    sink.max_message()
                 )),
                 e => Status::from(e),
             };

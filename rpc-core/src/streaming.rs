@@ -51,6 +51,8 @@ pub(crate) trait Link: Send + Sync {
     fn uncork(&self);
     /// The peer's address, for logs.
     fn peer(&self) -> &str;
+    /// The largest message this side accepts on the link.
+    fn max_message(&self) -> usize;
     /// Who the peer is, for handlers.
     fn remote(&self) -> Option<Arc<crate::Peer>>;
     /// Takes back the buffer a message arrived in, once decoded.
@@ -72,6 +74,9 @@ impl Link for NoLink {
     fn uncork(&self) {}
     fn peer(&self) -> &str {
         ""
+    }
+    fn max_message(&self) -> usize {
+        0 // nothing arrives on a call that never started
     }
     fn remote(&self) -> Option<Arc<crate::Peer>> {
         None

@@ -565,6 +565,9 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
     fn peer(&self) -> &str {
         &self.remote.addr
     }
+    fn max_message(&self) -> usize {
+        self.max_message
+    }
     fn remote(&self) -> Option<Arc<Peer>> {
         Some(self.remote.clone())
     }
