@@ -175,8 +175,17 @@ fn soak(url: &str, total: u64, kill_every: Duration) {
     assert!(matched >= total);
     assert!(kills_done > 0, "no connection was killed");
     assert!(early > 0 && late > 0, "RSS sampled early and late");
+    // On rdma:// a connection pins 8 MiB in this process (ring and staging
+    // area on each side), and a few are in transition at any time (the
+    // killed one's server side not yet dropped): a short run's early high
+    // may have caught fewer of them than its late one.
+    let margin: u64 = if url.starts_with("rdma") {
+        48 << 20
+    } else {
+        16 << 20
+    };
     assert!(
-        late <= early + (16 << 20),
+        late <= early + margin,
         "RSS climbed from {} MiB to {} MiB",
         early >> 20,
         late >> 20
