@@ -27,6 +27,25 @@ pub fn hello(data: &[u8]) {
     }
 }
 
+/// A valid tcp:// hello with a 64 KiB ring: what a client sends, and a
+/// seed for the hello targets.
+pub fn tcp_hello() -> Hello {
+    Hello {
+        fabric: HelloFabric::Tcp,
+        qp_num: 1,
+        psn: 0,
+        lid: 0,
+        gid: [0; 16],
+        mtu: 0,
+        ring: rpc_core::fabric::PeerRing {
+            addr: 0x1000,
+            len: 1 << 16,
+            rkey: 7,
+            max_message: 1 << 14,
+        },
+    }
+}
+
 /// The server's side of the handshake as a client reads it: any bytes
 /// from a server (hello, challenge, proof, refusal records) end in a hello
 /// or an error, never a panic or a hang (the input is finite).
@@ -47,20 +66,7 @@ pub fn handshake_client(data: &[u8]) {
             Ok(())
         }
     }
-    let sent = Hello {
-        fabric: HelloFabric::Tcp,
-        qp_num: 1,
-        psn: 0,
-        lid: 0,
-        gid: [0; 16],
-        mtu: 0,
-        ring: rpc_core::fabric::PeerRing {
-            addr: 0x1000,
-            len: 1 << 16,
-            rkey: 7,
-            max_message: 1 << 14,
-        },
-    };
+    let sent = tcp_hello();
     let _ = client_exchange(
         &mut Peer { from_server: data },
         &sent,
@@ -146,20 +152,7 @@ mod tests {
         };
         put("frame_header", "request", &header(FrameKind::Request, 100));
         put("frame_header", "response", &header(FrameKind::Response, 0));
-        let hello = Hello {
-            fabric: HelloFabric::Tcp,
-            qp_num: 3,
-            psn: 9,
-            lid: 0,
-            gid: [0; 16],
-            mtu: 0,
-            ring: rpc_core::fabric::PeerRing {
-                addr: 0x1000,
-                len: 1 << 16,
-                rkey: 5,
-                max_message: 1 << 14,
-            },
-        };
+        let hello = tcp_hello();
         put("hello", "tcp", &hello.encode());
         put("handshake_client", "hello", &hello.encode());
         // Two frames one after the other, then a credit.
