@@ -564,8 +564,18 @@ impl<F: Fabric> Client<F> {
         };
         let connected = ep.fabric.connect(url, local, &ep.cq)?;
         let conn = ep.add(connected, ring, config.max_message)?;
+        // The client writes first: an empty credit doorbell tells the server
+        // that our ring takes its writes (on rdma://, that our memory window
+        // is bound), so that it may send of its own accord (heartbeats).
+        if conn.post_fence().is_none() {
+            let why = conn.death().unwrap_or_else(|| "send queue full".into());
+            ep.close(&conn, &why);
+            return Err(Status::unavailable(format!(
+                "connection failed at once: {why}"
+            )));
+        }
         if let Some(every) = config.heartbeat {
-            ep.start_heartbeat(&conn, every);
+            ep.start_heartbeat(&conn, every, false);
         }
         tracing::debug!(%url, qp_num = conn.qp_num, "connected");
         Ok(Client { ep, conn })

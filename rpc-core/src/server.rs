@@ -977,9 +977,11 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
         ep.close(&conn, "handshake failed");
         return Err(status);
     }
-    // Only now: on tcp:// nothing may reach the client before the hello.
+    // Only now: on tcp:// nothing may reach the client before the hello;
+    // and heartbeats wait for the client's first write (on rdma://, its
+    // ring's memory window is bound only then).
     if let Some(every) = ep.config.heartbeat {
-        ep.start_heartbeat(&conn, every);
+        ep.start_heartbeat(&conn, every, true);
     }
     tracing::info!(
         peer = %conn.remote.addr,

@@ -37,6 +37,8 @@ pub(super) struct Heartbeat {
     /// How long the peer's transport may acknowledge nothing while writes
     /// wait (see [`QueuePair::unacknowledged_for`](crate::fabric::QueuePair::unacknowledged_for)).
     unacked_limit: Duration,
+    /// Beat only once the peer has written to us (see [`Conn::heard`]).
+    after_peer: bool,
 }
 
 impl From<SendError> for Status {
@@ -87,6 +89,11 @@ pub(crate) struct Conn<F: Fabric> {
     pub(super) stale: AtomicU64,
     /// Buffers incoming messages are copied into, for reuse.
     pub(super) buffers: Mutex<Vec<Vec<u8>>>,
+    /// Whether a doorbell arrived from the peer. A client writes first
+    /// (see [`Conn::post_fence`]), and only once its ring can take our
+    /// writes (on rdma://, once its memory window is bound): a server sends
+    /// nothing of its own accord before that.
+    pub(super) heard: AtomicBool,
 }
 
 /// The queue pair goes first, whatever path drops a connection: the device
@@ -142,6 +149,7 @@ impl<F: Fabric> Conn<F> {
             max_message: 0,
             stale: AtomicU64::new(0),
             buffers: Mutex::new(Vec::new()),
+            heard: AtomicBool::new(false),
         })
     }
 
@@ -373,6 +381,9 @@ impl<F: Fabric> Conn<F> {
         max_message: usize,
         deliver: &mut dyn FnMut(Frame),
     ) -> Result<(), String> {
+        if !self.heard.load(Ordering::Relaxed) {
+            self.heard.store(true, Ordering::Release);
+        }
         match Doorbell::decode(imm) {
             None => Err(format!("invalid immediate {imm:#010x}")),
             Some(Doorbell::Credit { ack }) => {
@@ -478,13 +489,20 @@ impl<F: Fabric> Conn<F> {
         Some(wr_id)
     }
 
-    /// Beats every `interval` when idle (see [`Sender::heartbeat_tick`]);
+    /// Beats every `interval` when idle (see [`Sender::heartbeat_tick`]),
+    /// once the peer has written to us if `after_peer` (the server's side);
     /// returns when its first tick is due.
-    pub(super) fn start_heartbeat(&self, interval: Duration, now: Instant) -> Instant {
+    pub(super) fn start_heartbeat(
+        &self,
+        interval: Duration,
+        after_peer: bool,
+        now: Instant,
+    ) -> Instant {
         let beat = Heartbeat {
             half: interval / 2,
             next: now + interval / 2,
             unacked_limit: super::config::unacked_limit(interval),
+            after_peer,
         };
         self.send_state().heartbeat = Some(beat);
         beat.next
@@ -504,6 +522,9 @@ impl<F: Fabric> Conn<F> {
         }
         beat.next = now + beat.half;
         let (next, limit) = (beat.next, beat.unacked_limit);
+        if beat.after_peer && !self.heard.load(Ordering::Acquire) {
+            return Ok(Some(next));
+        }
         if let Some(silent) = s.qp.as_ref().and_then(|qp| qp.unacknowledged_for()) {
             if silent >= limit {
                 return Err(format!(

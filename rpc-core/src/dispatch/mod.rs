@@ -224,8 +224,10 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
 
     /// `conn` beats every `every` when idle (see [`Conn::heartbeat_tick`]),
     /// from now: once the peer may receive (after the server's hello).
-    pub(crate) fn start_heartbeat(&self, conn: &Conn<F>, every: Duration) {
-        let at = conn.start_heartbeat(every, Instant::now());
+    /// Starts `conn`'s heartbeat; a server's (`after_peer`) beats only once
+    /// its client has written to it.
+    pub(crate) fn start_heartbeat(&self, conn: &Conn<F>, every: Duration, after_peer: bool) {
+        let at = conn.start_heartbeat(every, after_peer, Instant::now());
         self.next_heartbeat
             .fetch_min(self.nanos(at), Ordering::SeqCst);
         self.wake_by(at);

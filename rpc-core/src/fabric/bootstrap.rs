@@ -22,7 +22,7 @@ use std::time::Duration;
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
 const MAGIC: &[u8; 8] = b"RDMARPC\0";
-const HELLO_VERSION: u16 = 4;
+const HELLO_VERSION: u16 = 5;
 
 /// Which fabric a handshake sets up (both sides must agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

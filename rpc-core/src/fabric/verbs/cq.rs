@@ -31,15 +31,18 @@ impl std::fmt::Debug for VerbsCq {
 
 impl VerbsFabric {
     /// Polls up to `max` entries of `cq`; passes on those of live queue pairs
-    /// and returns how many were polled (passed on or not).
+    /// and returns how many were polled (passed on or not). The completions
+    /// of memory-window binds are kept in `st.binds` for `await_bind`
+    /// instead: they are the handshake's, not the dispatcher's.
     pub(super) fn poll_cq(
         &self,
         cq: &Cq,
         recv: bool,
-        live: &HashMap<u32, u64>,
+        st: &mut SideState,
         out: &mut Vec<Completion>,
         max: usize,
     ) -> usize {
+        let live = &st.live;
         let mut wcs = [const { std::mem::MaybeUninit::<ffi::ibv_wc>::uninit() }; WC_BATCH];
         let polled = match cq.poll(&mut wcs[..max.min(WC_BATCH)]) {
             Ok(polled) => polled,
@@ -67,6 +70,10 @@ impl VerbsFabric {
                     },
                 },
             };
+            if !recv && wc.wr_id() == BIND_WR_ID {
+                st.binds.insert(wc.qp_num, status);
+                continue;
+            }
             let (kind, status) = if recv {
                 // Only RDMA WRITE WITH IMMEDIATE is expected on the SRQ: a
                 // receive without an immediate is a peer breaking the protocol.
@@ -100,6 +107,62 @@ impl VerbsFabric {
     }
 }
 
+impl VerbsCq {
+    /// Waits until the bind posted on `qp_num` completes: `Ok` once the
+    /// window is bound, the bind's error otherwise, or a timeout at
+    /// `deadline`. Whoever polls the send CQ sets the bind's completion
+    /// aside: the dispatcher's poller if it runs, else this wait itself
+    /// (a connection being set up may have no poller yet), which queues any
+    /// other completion it polls for the dispatcher and wakes it.
+    pub(super) fn await_bind(
+        &self,
+        qp_num: u32,
+        deadline: std::time::Instant,
+    ) -> Result<(), FabricError> {
+        let c = &self.inner;
+        let mut nap = Duration::from_micros(5);
+        loop {
+            let mut others = Vec::new();
+            let done = {
+                let mut st = c.side.lock();
+                if !st.binds.contains_key(&qp_num) {
+                    c.fabric
+                        .poll_cq(&c.send_cq, false, &mut st, &mut others, WC_BATCH);
+                    for o in &others {
+                        let inc = st.live.get(&o.qp_num).copied();
+                        if let Some(inc) = inc {
+                            st.queue.push_back((inc, *o));
+                        }
+                    }
+                }
+                st.binds.remove(&qp_num)
+            };
+            if !others.is_empty() {
+                c.side.wake();
+            }
+            match done {
+                Some(WcStatus::Success) => return Ok(()),
+                Some(status) => {
+                    return Err(FabricError::unreachable(
+                        "ibv_post_send(bind memory window)",
+                        format!("the bind failed: {status:?}"),
+                    ));
+                }
+                None if std::time::Instant::now() >= deadline => {
+                    return Err(FabricError::unreachable(
+                        "ibv_post_send(bind memory window)",
+                        "the bind did not complete in time",
+                    ));
+                }
+                None => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+}
+
 impl CompletionQueue for VerbsCq {
     /// Receive and send completions first, then made-up ones, which only
     /// come once the CQs are drained: a made-up failure (the peer closed
@@ -124,7 +187,7 @@ impl CompletionQueue for VerbsCq {
             let mut st = c.side.lock();
             st.handed_out.clear();
             parked = std::mem::take(&mut st.parked);
-            let got = fabric.poll_cq(&c.recv_cq, true, &st.live, out, max);
+            let got = fabric.poll_cq(&c.recv_cq, true, &mut st, out, max);
             // Every receive completion used up one posted receive: replace
             // it, with any a failed post left owing. "Full" means a top-up
             // got there first: nothing is owed then.
@@ -140,7 +203,7 @@ impl CompletionQueue for VerbsCq {
             let mut drained = got < max.min(WC_BATCH);
             let room = max - (out.len() - start);
             if room > 0 {
-                let sent = fabric.poll_cq(&c.send_cq, false, &st.live, out, room);
+                let sent = fabric.poll_cq(&c.send_cq, false, &mut st, out, room);
                 drained &= sent < room.min(WC_BATCH);
             }
             while drained && out.len() - start < max {

@@ -46,6 +46,9 @@ pub(super) struct SideState {
     pub(super) parked: Vec<Qp>,
     /// Why the context is unusable, after a fatal async event.
     pub(super) fatal: Option<String>,
+    /// The status of each memory-window bind completed and not yet
+    /// awaited, by qp number (see `VerbsCq::await_bind`).
+    pub(super) binds: HashMap<u32, WcStatus>,
 }
 
 impl Side {
@@ -147,6 +150,7 @@ impl LiveQp {
             st.live.remove(&n);
         }
         st.queue.retain(|(_, c)| c.qp_num != n);
+        st.binds.remove(&n);
     }
 }
 

@@ -47,14 +47,14 @@ pub use cq::VerbsCq;
 pub use device::DeviceChoice;
 pub(crate) use device::DeviceSelection;
 use device::choose;
-use events::{LiveQp, Side};
+use events::{LiveQp, Side, SideState};
 use ibverbs_sys as ffi;
 pub use liveness::KEEPALIVE_BOUND;
 use liveness::{Liveness, Watched, set_keepalive};
 pub use qp::VerbsQp;
-use qp::random_psn;
+use qp::{BIND_WR_ID, random_psn};
 pub use region::VerbsRegion;
-use resources::{CompChannel, Context, Cq, Mr, Pd, Qp, Srq, is_full};
+use resources::{CompChannel, Context, Cq, Mr, Mw, Pd, Qp, Srq, is_full};
 
 use super::{
     Admission, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
@@ -105,6 +105,9 @@ struct Inner {
     srq_topped_up: AtomicU64,
     /// Watches the liveness connections of this context's queue pairs.
     liveness: Liveness,
+    /// Whether each connection's ring is opened through a type-2 memory
+    /// window bound to its queue pair (else: registered for remote write).
+    windows: bool,
 }
 
 /// A verbs device context with its SRQ and CQs; see the module docs.
@@ -140,11 +143,12 @@ fn set_nonblocking(fd: i32, op: &'static str) -> Result<(), FabricError> {
 impl VerbsFabric {
     /// Opens the device the URL or environment selects (see module docs).
     pub fn open(url: &FabricUrl) -> Result<VerbsFabric, FabricError> {
-        VerbsFabric::open_with(url, SRQ_MAX)
+        VerbsFabric::open_with(url, SRQ_MAX, true)
     }
 
-    /// Opens with an SRQ of at most `srq_max` receives.
-    fn open_with(url: &FabricUrl, srq_max: u32) -> Result<VerbsFabric, FabricError> {
+    /// Opens with an SRQ of at most `srq_max` receives, and memory windows
+    /// if `windows` and the device has them.
+    fn open_with(url: &FabricUrl, srq_max: u32, windows: bool) -> Result<VerbsFabric, FabricError> {
         let (ctx, choice) = choose(url)?;
         let ctx = Arc::new(ctx);
         let attr = ctx.query_device()?;
@@ -155,6 +159,7 @@ impl VerbsFabric {
         let srq = Arc::new(Srq::new(pd.clone(), srq_depth)?);
         srq.fill()?;
         srq.arm_limit(srq.capacity / SRQ_LIMIT_FRACTION)?;
+        let windows = windows && has_type2_windows(&attr, &pd, &choice.device);
         tracing::debug!(device = %choice.device, port = choice.port, gid_index = choice.gid_index, "opened RDMA device");
         Ok(VerbsFabric {
             inner: Arc::new(Inner {
@@ -170,8 +175,18 @@ impl VerbsFabric {
                 srq_limit_events: 0.into(),
                 srq_topped_up: 0.into(),
                 liveness: Liveness::default(),
+                windows,
             }),
         })
+    }
+
+    /// Whether a connection's peer can write only into that connection's
+    /// ring: each ring is opened through a type-2 memory window bound to
+    /// its queue pair. `false` on a device without such windows (a warning
+    /// said so when it was opened): rings are then writable by any queue
+    /// pair connected to this context that knows their address and rkey.
+    pub fn isolates_connections(&self) -> bool {
+        self.inner.windows
     }
 
     /// The device, port and GID in use.
@@ -213,9 +228,13 @@ impl Fabric for VerbsFabric {
     type Listener = VerbsListener;
     type Incoming = Admitted;
 
+    /// Memory peers write is registered without remote access when the
+    /// device has type-2 windows: each connection opens it to its own queue
+    /// pair through a window.
     fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
+        let i = &self.inner;
         Ok(VerbsRegion {
-            mr: Arc::new(Mr::new(self.inner.pd.clone(), len, remote_write)?),
+            mr: Arc::new(Mr::new(i.pd.clone(), len, remote_write, i.windows)?),
         })
     }
 
@@ -277,9 +296,13 @@ impl Fabric for VerbsFabric {
         stream
             .set_read_timeout(Some(local.timeout))
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
-        let qp = self.new_qp(cq)?;
+        let deadline = std::time::Instant::now() + local.timeout;
+        let mut qp = self.new_qp(cq)?;
+        let window = self.window(local.ring)?;
         let psn = random_psn();
-        let hello = self.hello(&qp.qp, psn, &local);
+        // The window's rkey is known before its bind: the server writes to
+        // it only after our first write, which follows the bind.
+        let hello = self.hello(&qp.qp, psn, &local, window.as_ref());
         bootstrap::send(&mut stream, &hello)?;
         let peer = bootstrap::client_exchange(
             &mut stream,
@@ -288,7 +311,8 @@ impl Fabric for VerbsFabric {
             local.credential.as_deref(),
         )?;
         self.connect_qp(&qp.qp, psn, &peer)?;
-        self.finish(stream, qp, peer, None, None)
+        let window = self.bind(&mut qp, window, cq, deadline)?;
+        self.finish(stream, qp, window, peer, None, None)
     }
 
     fn accept(
@@ -297,12 +321,54 @@ impl Fabric for VerbsFabric {
         local: LocalSetup<'_, VerbsRegion>,
         cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
+        let deadline = std::time::Instant::now() + local.timeout;
         let peer = admitted.hello;
-        let qp = self.new_qp(cq)?;
+        let mut qp = self.new_qp(cq)?;
         let psn = random_psn();
         self.connect_qp(&qp.qp, psn, &peer)?;
-        let hello = self.hello(&qp.qp, psn, &local);
-        self.finish(admitted.stream, qp, peer, Some(hello), admitted.identity)
+        // Bound before the client learns the rkey: it writes as soon as it
+        // has our hello.
+        let window = self.window(local.ring)?;
+        let window = self.bind(&mut qp, window, cq, deadline)?;
+        let hello = self.hello(&qp.qp, psn, &local, window.as_ref());
+        self.finish(
+            admitted.stream,
+            qp,
+            window,
+            peer,
+            Some(hello),
+            admitted.identity,
+        )
+    }
+}
+
+/// Whether the device has type-2 memory windows (and the provider the
+/// verbs to use them): asked of the device, then tried once. Warns when it
+/// has none, since connections are then not isolated from each other.
+fn has_type2_windows(attr: &ffi::ibv_device_attr, pd: &Arc<Pd>, device: &str) -> bool {
+    let caps = ffi::IBV_DEVICE_MEM_WINDOW_TYPE_2A | ffi::IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+    let why = if attr.device_cap_flags & caps == 0 {
+        Some("the device has no type-2 memory windows".to_owned())
+    } else {
+        // A small region and one window, freed at once: the provider must
+        // really allocate them.
+        Mr::new(pd.clone(), 4096, true, true)
+            .and_then(|mr| Mw::alloc(pd.clone(), Arc::new(mr)))
+            .err()
+            .map(|e| e.to_string())
+    };
+    match why {
+        None => true,
+        Some(why) => {
+            tracing::warn!(
+                device,
+                %why,
+                "RDMA connections are not isolated from each other: every receive ring is \
+                 registered for remote write, so a peer that learns another connection's ring \
+                 address and rkey can write into it (see ARCHITECTURE.md, \"Isolation\")"
+            );
+            false
+        }
     }
 }
 

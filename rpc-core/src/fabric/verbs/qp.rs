@@ -9,9 +9,20 @@ pub(super) const RC_ACK_TIMEOUT: u8 = 15;
 /// Retransmissions of an unacknowledged write before it fails (see
 /// [`VerbsFabric::connect_qp`]): 7 sends in all, about 0.94 s on Soft-RoCE.
 pub(super) const RC_RETRIES: u8 = 6;
+/// The work request id of a memory window's bind: never a write's (those
+/// count up from zero), and kept from the dispatcher (see `await_bind`).
+pub(super) const BIND_WR_ID: u64 = u64::MAX;
 
 impl VerbsFabric {
-    pub(super) fn hello(&self, qp: &Qp, psn: u32, local: &LocalSetup<'_, VerbsRegion>) -> Hello {
+    /// Our half of the handshake; the ring's rkey is `window`'s (after its
+    /// bind) when connections are isolated.
+    pub(super) fn hello(
+        &self,
+        qp: &Qp,
+        psn: u32,
+        local: &LocalSetup<'_, VerbsRegion>,
+        window: Option<&Mw>,
+    ) -> Hello {
         Hello {
             fabric: HelloFabric::Rdma,
             qp_num: qp.qp_num(),
@@ -22,10 +33,35 @@ impl VerbsFabric {
             ring: PeerRing {
                 addr: local.ring.addr(),
                 len: local.ring.len() as u64,
-                rkey: local.ring.rkey(),
+                rkey: window.map_or_else(|| local.ring.rkey(), Mw::rkey),
                 max_message: local.max_message,
             },
         }
+    }
+
+    /// A memory window for `ring`, when connections are isolated.
+    pub(super) fn window(&self, ring: &VerbsRegion) -> Result<Option<Mw>, FabricError> {
+        if !self.inner.windows {
+            return Ok(None);
+        }
+        Mw::alloc(self.inner.pd.clone(), ring.mr.clone()).map(Some)
+    }
+
+    /// Binds `window` (if any) to `qp`, which must be in RTS, and waits for
+    /// the bind to complete: only then is its rkey valid, from `qp` alone.
+    pub(super) fn bind(
+        &self,
+        qp: &mut LiveQp,
+        window: Option<Mw>,
+        cq: &VerbsCq,
+        deadline: std::time::Instant,
+    ) -> Result<Option<Mw>, FabricError> {
+        let Some(mut window) = window else {
+            return Ok(None);
+        };
+        qp.qp.post_bind(&mut window, BIND_WR_ID)?;
+        cq.await_bind(qp.qp_num(), deadline)?;
+        Ok(Some(window))
     }
 
     /// Creates a queue pair in INIT on `cq`, registered as live there (see
@@ -149,6 +185,7 @@ impl VerbsFabric {
         &self,
         stream: TcpStream,
         qp: LiveQp,
+        window: Option<Mw>,
         peer: Hello,
         pending: Option<Hello>,
         identity: Option<String>,
@@ -170,6 +207,7 @@ impl VerbsFabric {
             .watch(&stream, side, qp.qp_num(), qp.incarnation)?;
         Ok(Connected {
             qp: VerbsQp {
+                _window: window,
                 qp,
                 stream,
                 pending,
@@ -196,6 +234,11 @@ pub(super) fn random_psn() -> u32 {
 
 /// A connected RC queue pair, with its liveness connection.
 pub struct VerbsQp {
+    /// The window the peer writes our ring through, if connections are
+    /// isolated. Freed before the queue pair (fields drop in order): a
+    /// bound window holds its queue pair, and Soft-RoCE's destroy waits
+    /// for it forever.
+    pub(super) _window: Option<Mw>,
     pub(super) qp: LiveQp,
     pub(super) stream: TcpStream,
     pub(super) pending: Option<Hello>,

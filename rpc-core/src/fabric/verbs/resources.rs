@@ -430,12 +430,23 @@ unsafe impl Send for Mr {}
 unsafe impl Sync for Mr {}
 
 impl Mr {
-    pub(super) fn new(pd: Arc<Pd>, len: usize, remote_write: bool) -> Result<Mr, FabricError> {
+    /// Registers `len` bytes. Memory peers write (`remote_write`) is opened
+    /// to them either here, for the whole protection domain, or, with
+    /// `through_window`, only through memory windows bound later (see
+    /// [`Mw`]): the region itself then grants no remote access at all.
+    pub(super) fn new(
+        pd: Arc<Pd>,
+        len: usize,
+        remote_write: bool,
+        through_window: bool,
+    ) -> Result<Mr, FabricError> {
         let mut pages = Pages::new(len.max(1)).map_err(|e| FabricError::io("mmap", e))?;
         let buf = NonNull::new(pages.as_mut_ptr())
             .ok_or_else(|| FabricError::invalid("ibv_reg_mr", format!("cannot map {len} bytes")))?;
         let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        if remote_write {
+        if remote_write && through_window {
+            access |= ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+        } else if remote_write {
             access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         }
         // SAFETY: `buf` points to `len` owned bytes that outlive the MR (they
@@ -482,6 +493,82 @@ impl Drop for Mr {
         }
         // Otherwise the mapping is unmapped with `pages`: the device no
         // longer uses it.
+    }
+}
+
+/// A type-2 memory window: remote write access to one registered region,
+/// valid only from the one queue pair it is bound to (see
+/// [`Qp::post_bind`]). Allocated unbound; bound once, for the life of a
+/// connection, and deallocated before that connection's queue pair is
+/// destroyed (a bound window holds a reference to its queue pair on
+/// Soft-RoCE, whose destroy then waits for it forever; deallocating
+/// invalidates the window on every device).
+pub(super) struct Mw {
+    ptr: NonNull<ffi::ibv_mw>,
+    /// See [`Mw::rkey`].
+    rkey: u32,
+    /// The region the window opens: stays registered while the window lives
+    /// (a region with windows bound to it cannot be deregistered).
+    pub(super) mr: Arc<Mr>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: memory windows are thread-safe verbs objects; this handle only
+// reads its fields and frees it.
+unsafe impl Send for Mw {}
+// SAFETY: as above.
+unsafe impl Sync for Mw {}
+
+impl Mw {
+    /// Allocates a type-2 window on `mr`'s protection domain, for `mr`.
+    pub(super) fn alloc(pd: Arc<Pd>, mr: Arc<Mr>) -> Result<Mw, FabricError> {
+        let p = pd.ptr.as_ptr();
+        // SAFETY: ibv_alloc_mw is static inline in verbs.h: it calls the ops
+        // table entry, as here (EOPNOTSUPP when the provider has none). The
+        // PD is alive.
+        let ptr = unsafe {
+            let Some(alloc) = (*(*p).context).ops.alloc_mw else {
+                return Err(FabricError::invalid(
+                    "ibv_alloc_mw",
+                    "the provider has no memory windows",
+                ));
+            };
+            alloc(p, ffi::IBV_MW_TYPE_2)
+        };
+        let ptr = NonNull::new(ptr).ok_or_else(|| os_error("ibv_alloc_mw"))?;
+        // SAFETY: reading a plain field of the window just allocated.
+        let allocated = unsafe { (*ptr.as_ptr()).rkey };
+        Ok(Mw {
+            ptr,
+            rkey: (allocated & !0xff) | (allocated.wrapping_add(1) & 0xff),
+            mr,
+            _pd: pd,
+        })
+    }
+
+    /// The rkey the window has once bound: the same index as allocated, the
+    /// next key byte (`ibv_inc_rkey`). Peers may learn it before the bind
+    /// is posted; it is valid only once the bind completes.
+    pub(super) fn rkey(&self) -> u32 {
+        self.rkey
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        let mw = self.ptr.as_ptr();
+        // SAFETY: ibv_dealloc_mw is static inline: it calls the ops table
+        // entry, as here. The window is alive and freed once, before the
+        // queue pair it is bound to (see above) and before its region
+        // (`self.mr`).
+        let rc = unsafe { (*(*mw).context).ops.dealloc_mw.map_or(-1, |free| free(mw)) };
+        if rc != 0 {
+            let e = rc_error("ibv_dealloc_mw", rc);
+            tracing::error!(error = %e, "cannot free a memory window; its region stays registered");
+            // A window still bound keeps its region busy: leak the region
+            // rather than free memory the device may reach.
+            std::mem::forget(self.mr.clone());
+        }
     }
 }
 
@@ -579,6 +666,39 @@ impl Qp {
         if rc != 0 {
             return Err(rc_error("ibv_post_send", rc));
         }
+        Ok(())
+    }
+}
+
+impl Qp {
+    /// Posts a signaled bind of `mw` over the whole of its region, for
+    /// remote write from this queue pair only, as `mw.rkey()`; the
+    /// completion carries `wr_id`. The queue pair must be in RTS.
+    pub(super) fn post_bind(&mut self, mw: &mut Mw, wr_id: u64) -> Result<(), FabricError> {
+        let rkey = mw.rkey();
+        // SAFETY: plain old data; zero is valid.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+            mw: mw.ptr.as_ptr(),
+            rkey,
+            bind_info: ffi::ibv_mw_bind_info {
+                mr: mw.mr.ptr.as_ptr(),
+                addr: mw.mr.buf.as_ptr() as u64,
+                length: mw.mr.len as u64,
+                mw_access_flags: ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+            },
+        };
+        // SAFETY: a bind carries no SGE; the window and its region are
+        // alive, and the window outlives this queue pair (see `Mw`'s drop).
+        unsafe { self.post_send(&mut wr) }?;
+        // As `ibv_bind_mw` does for type 1: the window is known by its rkey
+        // from now on (providers name it by `ibv_mw.rkey` in later work
+        // requests).
+        // SAFETY: writing a plain field of a live window we own.
+        unsafe { (*mw.ptr.as_ptr()).rkey = rkey };
         Ok(())
     }
 }

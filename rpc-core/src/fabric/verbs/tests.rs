@@ -66,6 +66,48 @@ fn rdma_closing_a_queue_pair_is_seen_by_the_peer() {
     c::close_is_seen_by_the_peer(verbs_pair());
 }
 
+/// Soft-RoCE has type-2 memory windows: a client given another
+/// connection's ring address and rkey fails on its own queue pair, and the
+/// victim's ring and traffic are untouched.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_a_peer_writes_only_its_own_ring() {
+    let p = verbs_pair();
+    assert!(
+        p.server.isolates_connections() && p.client.isolates_connections(),
+        "Soft-RoCE has type-2 memory windows: connections must be isolated"
+    );
+    c::a_peer_writes_only_its_own_ring(p, open());
+}
+
+/// The ring's registration grants no remote access of its own: its
+/// region's rkey is refused even from the connection's own queue pair;
+/// only the window's works.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_a_ring_is_not_writable_through_its_region_rkey() {
+    let mut p = verbs_pair();
+    assert_ne!(
+        p.s_peer.rkey,
+        p.s_ring.rkey(),
+        "the peer got the window's rkey"
+    );
+    p.s_peer.rkey = p.s_ring.rkey();
+    c::bad_write_is_rejected(p, |ring| (ring.addr, ring.rkey));
+}
+
+/// Where a device has no type-2 windows: the weaker mode, rings registered
+/// for remote write, still carries traffic (and says it is not isolated).
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_without_memory_windows_the_weaker_mode_works() {
+    let plain = || VerbsFabric::open_with(&FabricUrl::parse(&url()).unwrap(), SRQ_MAX, false);
+    let p = c::pair(plain().unwrap(), plain().unwrap(), &url());
+    assert!(!p.server.isolates_connections());
+    assert_eq!(p.s_peer.rkey, p.s_ring.rkey(), "the region's own rkey");
+    c::write_with_imm_lands(p);
+}
+
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn rdma_queue_pairs_are_created_on_the_context_srq_and_cqs() {
@@ -134,7 +176,7 @@ fn drain_async_until(f: &VerbsFabric, done: impl Fn() -> bool) {
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn rdma_srq_limit_event_tops_the_srq_up() {
-    let server = VerbsFabric::open_with(&FabricUrl::parse(&url()).unwrap(), 256).unwrap();
+    let server = VerbsFabric::open_with(&FabricUrl::parse(&url()).unwrap(), 256, true).unwrap();
     let mut p = c::pair(server, open(), &url());
     // Waiting for the client's send completions must not poll (and so
     // repost) the server's receive completions.
@@ -211,7 +253,7 @@ fn rdma_fatal_event_fails_every_connection() {
     let ccq2 = client2.create_cq().unwrap();
     // On another of the server's completion queues: a fatal event reaches all.
     let scq2 = p.server.create_cq().unwrap();
-    let (sqp2, _s_ring2, _cqp2, _peer2) =
+    let (sqp2, _s_ring2, _cqp2, _peer2, _) =
         c::connect(&p.server, &scq2, &p.listener, &client2, &ccq2, &ring2);
     let failed = p
         .server
