@@ -26,6 +26,10 @@ use std::time::{Duration, Instant};
 
 pub use crate::descriptor::{MethodDescriptor, MethodKind, ServiceDescriptor};
 
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// A service a [`Server`] can host. Generated `FooServer<T>` wrappers
 /// implement it; it can be implemented by hand too.
 pub trait Service: Send + Sync + 'static {
