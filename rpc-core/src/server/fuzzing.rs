@@ -443,4 +443,50 @@ mod tests {
         assert!(!p.write(ring.len, &[1], 0));
         p.disconnect();
     }
+
+    /// A request that reuses the id of a live call closes the connection:
+    /// it used to take the earlier call's place, whose handler task then
+    /// stayed parked (and its call counted live) after the client left.
+    #[test]
+    fn a_request_reusing_a_live_calls_id_closes_the_connection() {
+        let mut p = peer();
+        p.connect().unwrap();
+        let first = call_of(1, 7, b"");
+        assert!(p.write(0, &first, Doorbell::Frame { offset_units: 0 }.encode()));
+        p.settle(8);
+        assert!(p.alive());
+        let next = crate::protocol::align_up(first.len());
+        let units = (next / ALIGN) as u32;
+        p.write(
+            next as u64,
+            &call_of(1, 7, b""),
+            Doorbell::Frame {
+                offset_units: units,
+            }
+            .encode(),
+        );
+        p.settle(8);
+        let alive = p.alive();
+        // Nothing of either call is left once the client goes (checked by
+        // disconnect).
+        p.disconnect();
+        assert!(!alive, "the server kept a connection that reused a live id");
+        // A finished call's id may be used again.
+        p.connect().unwrap();
+        let unary = request(9, b"a");
+        p.write(0, &unary, Doorbell::Frame { offset_units: 0 }.encode());
+        let next = crate::protocol::align_up(unary.len());
+        let units = (next / ALIGN) as u32;
+        p.write(
+            next as u64,
+            &request(9, b"b"),
+            Doorbell::Frame {
+                offset_units: units,
+            }
+            .encode(),
+        );
+        p.settle(8);
+        assert!(p.alive());
+        assert_eq!(p.frames(), 2);
+    }
 }
