@@ -191,7 +191,7 @@ impl Executor {
     }
 
     /// Tasks parked, waiting to be woken.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn parked(&self) -> usize {
         self.tasks().len()
     }

@@ -75,7 +75,28 @@ mod streaming;
 #[doc(hidden)]
 pub mod testing {
     pub use crate::fabric::bootstrap;
+    pub use crate::fabric::gate::fuzzing as gate;
+    pub use crate::fabric::soft::tcp::fuzzing as tcp_wire;
     pub use crate::protocol;
+    pub use crate::server::fuzzing as server;
+
+    /// The metadata block of a frame, as the receive path decodes it.
+    pub mod metadata {
+        use crate::Metadata;
+
+        /// Parses untrusted bytes as a frame's metadata block; `None` if
+        /// they are not well-formed metadata.
+        pub fn decode(bytes: &[u8]) -> Option<Metadata> {
+            Metadata::decode(bytes)
+        }
+
+        /// The wire form of `md`: what [`decode`] reads back.
+        pub fn encode(md: &Metadata) -> Vec<u8> {
+            let mut out = vec![0u8; md.encoded_len()];
+            md.encode(&mut out);
+            out
+        }
+    }
 }
 
 pub use auth::{Peer, SharedSecret, SharedSecrets};

@@ -26,6 +26,10 @@ use std::time::{Duration, Instant};
 
 pub use crate::descriptor::{MethodDescriptor, MethodKind, ServiceDescriptor};
 
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// A service a [`Server`] can host. Generated `FooServer<T>` wrappers
 /// implement it; it can be implemented by hand too.
 pub trait Service: Send + Sync + 'static {
@@ -73,6 +77,10 @@ impl Registry {
 
     fn get(&self, qp_num: u32, id: CallId) -> Option<Registered> {
         self.lock().get(&(qp_num, id)).cloned()
+    }
+
+    fn contains(&self, qp_num: u32, id: CallId) -> bool {
+        self.lock().contains_key(&(qp_num, id))
     }
 
     fn remove(&self, qp_num: u32, id: CallId) -> Option<Registered> {
@@ -1037,6 +1045,19 @@ impl<F: Fabric> Role<F> for ServerRole {
                 ep.close_for_violation(conn, &format!("client sent a {kind:?} frame"));
                 return;
             }
+        }
+        // An id names one live call of the connection. Every call that
+        // outlives its request frame is registered by now (streams and
+        // blocking calls here, waiting handlers at their first wait): a
+        // request reusing the id of one would take its place, and the
+        // earlier call could then never be cancelled, nor its task ended
+        // when the connection goes.
+        if self.registry.contains(conn.qp_num, h.call_id) {
+            ep.close_for_violation(
+                conn,
+                &format!("client reused the id {:#x} of a live call", h.call_id.0),
+            );
+            return;
         }
         let shared = &self.shared;
         shared.inflight.fetch_add(1, Ordering::AcqRel);

@@ -528,6 +528,17 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         true
     }
 
+    /// One round of the poller's loop on the calling thread, for a harness
+    /// that drives a dispatcher by hand (and has entered its executor):
+    /// posts corked writes, turns the queue once and runs the woken tasks.
+    /// Returns the completions and tasks handled.
+    #[cfg(feature = "testing")]
+    pub(crate) fn turn_by_hand(self: &Arc<Self>) -> usize {
+        self.flush_corked();
+        let found = self.try_poll_state().map_or(0, |mut st| self.turn(&mut st));
+        found + self.run_tasks()
+    }
+
     /// Runs the tasks woken since last time; returns how many ran.
     fn run_tasks(&self) -> usize {
         self.exec.as_ref().map_or(0, |e| e.run_woken())

@@ -12,6 +12,9 @@
 //! a real client sends its hello at once), and each has
 //! [`Admission::timeout`] to finish.
 
+#[cfg(feature = "testing")]
+pub mod fuzzing;
+
 use super::bootstrap::{self, ANSWER_HEAD, HELLO_LEN, Hello, HelloFabric, Record};
 use crate::Code;
 use crate::auth::{Authenticator, Challenge, NONCE_LEN, random_nonce, verify_answer};
@@ -239,6 +242,23 @@ struct Pending {
     nonce: [u8; NONCE_LEN],
 }
 
+impl Pending {
+    /// A handshake just accepted: waiting for the client's hello.
+    fn new(stream: TcpStream, peer: SocketAddr, serial: u64, deadline: Instant) -> Pending {
+        Pending {
+            stream,
+            peer,
+            serial,
+            deadline,
+            step: Step::Hello,
+            buf: Vec::with_capacity(HELLO_LEN),
+            need: HELLO_LEN,
+            hello: [0; HELLO_LEN],
+            nonce: [0; NONCE_LEN],
+        }
+    }
+}
+
 /// What reading from a pending handshake came to.
 enum Progress {
     /// Waiting for more bytes.
@@ -354,17 +374,12 @@ impl State {
             return;
         }
         self.serial += 1;
-        entry.insert(Pending {
+        entry.insert(Pending::new(
             stream,
             peer,
-            serial: self.serial,
-            deadline: Instant::now() + self.admission.timeout,
-            step: Step::Hello,
-            buf: Vec::with_capacity(HELLO_LEN),
-            need: HELLO_LEN,
-            hello: [0; HELLO_LEN],
-            nonce: [0; NONCE_LEN],
-        });
+            self.serial,
+            Instant::now() + self.admission.timeout,
+        ));
         self.order.push_back((key, self.serial));
         // Its hello may already be there: edge-triggered readiness reports
         // only what arrives from now on.

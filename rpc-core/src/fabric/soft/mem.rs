@@ -333,3 +333,54 @@ pub(super) fn accept(
         fabric: "mem",
     })
 }
+
+/// Connects a client's and a server's queue pair of this process directly,
+/// as [`connect`] and [`accept`] do through a listener, for a harness that
+/// drives both ends on one thread: returns (client, server).
+#[cfg(feature = "testing")]
+pub(super) fn pair(
+    client: (&Arc<Ctx>, &Arc<CqInner>, LocalSetup<'_, SoftRegion>),
+    server: (&Arc<Ctx>, &Arc<CqInner>, LocalSetup<'_, SoftRegion>),
+) -> (Connected<SoftQp>, Connected<SoftQp>) {
+    /// One end: what its queue pair is, and what the other end reaches.
+    struct End {
+        ctx: Arc<Ctx>,
+        cq: Arc<CqInner>,
+        qp_num: u32,
+        ring: PeerRing,
+        binding: Weak<RegionInner>,
+        dead: Arc<AtomicBool>,
+    }
+    let end = |(ctx, cq, local): (&Arc<Ctx>, &Arc<CqInner>, LocalSetup<'_, SoftRegion>)| End {
+        ctx: ctx.clone(),
+        cq: cq.clone(),
+        qp_num: next_qp_num(),
+        ring: peer_ring(&local),
+        binding: local.ring.binding(),
+        dead: Arc::new(AtomicBool::new(false)),
+    };
+    let connected = |me: &End, peer: &End, peer_addr: String| Connected {
+        qp: SoftQp {
+            qp_num: me.qp_num,
+            cq: me.cq.clone(),
+            dead: me.dead.clone(),
+            wire: Wire::Mem(MemWire {
+                peer: peer.ctx.clone(),
+                peer_cq: peer.cq.clone(),
+                peer_qp_num: peer.qp_num,
+                peer_ring: peer.binding.clone(),
+                peer_dead: peer.dead.clone(),
+                pending_reply: None,
+            }),
+        },
+        peer: peer.ring,
+        peer_addr,
+        identity: None,
+        fabric: "mem",
+    };
+    let (c, s) = (end(client), end(server));
+    (
+        connected(&c, &s, format!("mem://fuzz#{}", s.qp_num)),
+        connected(&s, &c, format!("mem-client#{}", c.qp_num)),
+    )
+}

@@ -19,6 +19,9 @@
 //! the byte count and the local queue pair number.
 
 mod mem;
+#[cfg(feature = "testing")]
+pub(crate) mod tcp;
+#[cfg(not(feature = "testing"))]
 mod tcp;
 
 use super::{
@@ -328,6 +331,23 @@ impl SoftFabric {
     /// Receives posted and not yet consumed.
     pub fn srq_posted(&self) -> u64 {
         self.ctx.srq.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(feature = "testing")]
+impl SoftFabric {
+    /// Connects a client queue pair on `self` to a server queue pair on
+    /// `server`, in this process, without a listener or a handshake: for a
+    /// harness that drives both ends on one thread. Returns (client, server).
+    pub(crate) fn connect_pair(
+        &self,
+        client: (&SoftCq, LocalSetup<'_, SoftRegion>),
+        server: (&SoftFabric, &SoftCq, LocalSetup<'_, SoftRegion>),
+    ) -> (Connected<SoftQp>, Connected<SoftQp>) {
+        mem::pair(
+            (&self.ctx, &client.0.inner, client.1),
+            (&server.0.ctx, &server.1.inner, server.2),
+        )
     }
 }
 

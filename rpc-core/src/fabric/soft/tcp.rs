@@ -57,6 +57,9 @@ const READ_BUDGET: usize = 1 << 20;
 /// A region read-locked while its bytes are written out.
 type RegionGuard<'a> = (&'a SoftRegion, RwLockReadGuard<'a, Pages>);
 
+#[cfg(feature = "testing")]
+pub mod fuzzing;
+
 /// Writes of one post gathered into one vectored write.
 const MAX_GATHER: usize = 64;
 /// How long a closing connection keeps trying to flush to a peer that does
@@ -74,6 +77,40 @@ fn status_code(s: WcStatus) -> u8 {
         WcStatus::Flushed => 4,
         WcStatus::Other { .. } | WcStatus::DeviceError { .. } => 5,
     }
+}
+
+/// The fixed part of a `WRITE` message for `w`, whose payload (`len`
+/// bytes) follows it.
+fn write_head(w: &WriteImm<'_, SoftRegion>, len: u32) -> [u8; WRITE_HEADER] {
+    let mut h = [0u8; WRITE_HEADER];
+    h[0] = if w.signaled {
+        TAG_WRITE_SIGNALED
+    } else {
+        TAG_WRITE
+    };
+    h[1..9].copy_from_slice(&w.wr_id.to_le_bytes());
+    h[9..17].copy_from_slice(&w.remote_addr.to_le_bytes());
+    h[17..21].copy_from_slice(&w.rkey.to_le_bytes());
+    h[21..25].copy_from_slice(&w.imm.to_le_bytes());
+    h[25..29].copy_from_slice(&len.to_le_bytes());
+    h
+}
+
+/// An `ACK` message: the signaled write `wr_id` was applied.
+fn ack_message(wr_id: u64) -> [u8; ACK_LEN] {
+    let mut ack = [0u8; ACK_LEN];
+    ack[0] = TAG_ACK;
+    ack[1..9].copy_from_slice(&wr_id.to_le_bytes());
+    ack
+}
+
+/// A `NAK` message: the write `wr_id` was rejected with `status`.
+fn nak_message(wr_id: u64, status: WcStatus) -> [u8; NAK_LEN] {
+    let mut nak = [0u8; NAK_LEN];
+    nak[0] = TAG_NAK;
+    nak[1..9].copy_from_slice(&wr_id.to_le_bytes());
+    nak[9] = status_code(status);
+    nak
 }
 
 fn status_from(code: u8) -> WcStatus {
@@ -504,11 +541,7 @@ impl TcpConn {
 
     /// Rejects a write: the NAK goes out, then the connection closes.
     fn nak(&self, wr_id: u64, imm: u32, status: WcStatus, cq: &CqInner) {
-        let mut nak = [0u8; NAK_LEN];
-        nak[0] = TAG_NAK;
-        nak[1..9].copy_from_slice(&wr_id.to_le_bytes());
-        nak[9] = status_code(status);
-        let _ = self.send(&[IoSlice::new(&nak)]);
+        let _ = self.send(&[IoSlice::new(&nak_message(wr_id, status))]);
         self.tx().closing = true;
         if !self.dead.swap(true, Ordering::AcqRel) {
             cq.push(Completion {
@@ -791,10 +824,7 @@ impl TcpConn {
             status: WcStatus::Success,
         });
         if w.signaled {
-            let mut ack = [0u8; ACK_LEN];
-            ack[0] = TAG_ACK;
-            ack[1..9].copy_from_slice(&w.wr_id.to_le_bytes());
-            let _ = self.send(&[IoSlice::new(&ack)]);
+            let _ = self.send(&[IoSlice::new(&ack_message(w.wr_id))]);
         }
         Step::Go
     }
@@ -897,17 +927,7 @@ impl TcpWire {
             for i in 0..n {
                 let w = wr(first + i);
                 let len = w.local.map_or(0, |(_, _, len)| len);
-                let h = &mut heads[i];
-                h[0] = if w.signaled {
-                    TAG_WRITE_SIGNALED
-                } else {
-                    TAG_WRITE
-                };
-                h[1..9].copy_from_slice(&w.wr_id.to_le_bytes());
-                h[9..17].copy_from_slice(&w.remote_addr.to_le_bytes());
-                h[17..21].copy_from_slice(&w.rkey.to_le_bytes());
-                h[21..25].copy_from_slice(&w.imm.to_le_bytes());
-                h[25..29].copy_from_slice(&(len as u32).to_le_bytes());
+                heads[i] = write_head(&w, len as u32);
                 locals[i] = w.local;
                 last_wr = w.wr_id;
             }
