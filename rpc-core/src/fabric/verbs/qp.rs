@@ -59,8 +59,14 @@ impl VerbsFabric {
         let Some(mut window) = window else {
             return Ok(None);
         };
+        let started = std::time::Instant::now();
         qp.qp.post_bind(&mut window, BIND_WR_ID)?;
         cq.await_bind(qp.qp_num(), deadline)?;
+        tracing::debug!(
+            qp_num = qp.qp_num(),
+            took_us = started.elapsed().as_micros() as u64,
+            "memory window bound"
+        );
         Ok(Some(window))
     }
 
