@@ -108,7 +108,7 @@ pub use dispatch::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 /// what streaming handlers return and streaming calls take.
 pub use futures_core::Stream;
 pub use metadata::{InvalidMetadataKey, Metadata};
-pub use request::{IntoRequest, Request, Response};
+pub use request::{IntoRequest, Request, Response, Trailers};
 pub use server::{MethodKind, Server, ServerBuilder, ServerCall, ServerHandle, Service};
 pub use status::{Code, Status};
 pub use streaming::{

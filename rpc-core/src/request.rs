@@ -213,10 +213,15 @@ impl<T: prost::Message> IntoRequest<T> for T {
 }
 
 /// A response: the message and its metadata.
+///
+/// For a streaming response, the metadata go before the first message
+/// (its initial metadata), and [`Trailers`] set while the stream runs go
+/// with its final status.
 #[derive(Debug, Clone)]
 pub struct Response<T> {
     message: T,
     metadata: Metadata,
+    trailers: Option<Trailers>,
 }
 
 impl<T> Response<T> {
@@ -225,7 +230,37 @@ impl<T> Response<T> {
         Response {
             message,
             metadata: Metadata::new(),
+            trailers: None,
         }
+    }
+
+    /// Sends what `trailers` holds when the call ends, with its final
+    /// status (success or error): trailing metadata a streaming handler
+    /// sets while its stream runs, such as a count or a checksum of what
+    /// it sent. The client reads them with
+    /// [`Streaming::trailers`](crate::Streaming::trailers) (or, on error,
+    /// from the `Status`). On a unary response they go with the message.
+    ///
+    /// ```
+    /// use rpc_core::{Response, Trailers};
+    /// let trailers = Trailers::new();
+    /// let handle = trailers.clone();
+    /// let stream = futures::stream::iter((0..3).map(move |i| {
+    ///     handle.insert("x-sent", (i + 1).to_string()).unwrap();
+    ///     Ok::<_, rpc_core::Status>(i)
+    /// }));
+    /// let response = Response::new(stream).with_trailers(trailers);
+    /// # drop(response);
+    /// ```
+    pub fn with_trailers(mut self, trailers: Trailers) -> Response<T> {
+        self.trailers = Some(trailers);
+        self
+    }
+
+    /// The trailers set with [`Response::with_trailers`], taken out (the
+    /// server sends them at the call's end).
+    pub(crate) fn take_trailers(&mut self) -> Option<Trailers> {
+        self.trailers.take()
     }
 
     /// The message.
@@ -260,6 +295,64 @@ impl<T> Response<T> {
 
     /// Builds from metadata and message.
     pub fn from_parts(metadata: Metadata, message: T) -> Response<T> {
-        Response { message, metadata }
+        Response {
+            message,
+            metadata,
+            trailers: None,
+        }
+    }
+}
+
+/// Trailing metadata of a response, set by a handler while its call runs
+/// and sent with the call's final status (see [`Response::with_trailers`]).
+/// A handle: clones share the same metadata, so a response stream can fill
+/// them in as it goes.
+#[derive(Debug, Clone, Default)]
+pub struct Trailers {
+    inner: std::sync::Arc<std::sync::Mutex<Metadata>>,
+}
+
+impl Trailers {
+    /// Empty trailers.
+    pub fn new() -> Trailers {
+        Trailers::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Metadata> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets a text value, replacing any earlier value of the key.
+    pub fn insert(
+        &self,
+        key: &str,
+        value: impl Into<String>,
+    ) -> Result<(), crate::InvalidMetadataKey> {
+        self.lock().insert(key, value)
+    }
+
+    /// Sets a binary value, replacing any earlier value of the key.
+    pub fn insert_bin(
+        &self,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<(), crate::InvalidMetadataKey> {
+        self.lock().insert_bin(key, value)
+    }
+
+    /// What the trailers hold now.
+    pub fn get(&self) -> Metadata {
+        self.lock().clone()
+    }
+
+    /// Adds what the trailers hold to `metadata`; keys already in
+    /// `metadata` keep their value there.
+    pub(crate) fn merge_into(&self, metadata: &mut Metadata) {
+        for (key, value) in self.lock().iter() {
+            if metadata.get_bin(key).is_none() {
+                // Keys were checked when inserted.
+                let _ = metadata.insert_bin(key, value);
+            }
+        }
     }
 }

@@ -410,6 +410,8 @@ impl ServerCall {
         let Some((core, sink)) = self.stream_parts() else {
             return;
         };
+        let mut response = response;
+        let trailers = response.take_trailers();
         let (metadata, stream) = response.into_parts();
         let mut outbox = Outbox::new(core, sink, self.call_id, self.method_id, Some(metadata));
         let mut stream = std::pin::pin!(stream);
@@ -425,10 +427,21 @@ impl ServerCall {
             }
         })
         .await;
+        // Read only now: the stream may have set them until its end.
+        let with_trailers = |mut metadata: Metadata| {
+            if let Some(t) = &trailers {
+                t.merge_into(&mut metadata);
+            }
+            metadata
+        };
         match end {
             StreamEnd::Finished => {
                 let metadata = outbox.first_metadata.take().unwrap_or_default();
-                self.reply_ok(Response::from_parts(metadata, ()));
+                self.reply_ok(Response::from_parts(with_trailers(metadata), ()));
+            }
+            StreamEnd::Failed(status) if trailers.is_some() => {
+                let metadata = with_trailers(status.metadata().cloned().unwrap_or_default());
+                self.reply_err(&status.with_metadata(metadata));
             }
             StreamEnd::Failed(status) => self.reply_err(&status),
             StreamEnd::Panicked(what) => {
@@ -456,7 +469,12 @@ impl ServerCall {
         if self.is_cancelled() {
             return; // the caller is gone: nobody reads the answer
         }
-        let (metadata, message) = response.into_parts();
+        let mut response = response;
+        let trailers = response.take_trailers();
+        let (mut metadata, message) = response.into_parts();
+        if let Some(t) = trailers {
+            t.merge_into(&mut metadata);
+        }
         let frame = OutFrame {
             kind: FrameKind::Response,
             call_id: self.call_id,

@@ -8,7 +8,7 @@ use rpc_core::codegen::{
 };
 use rpc_core::{
     BoxStream, Channel, Code, Metadata, Request, Response, Server, ServerCall, ServerHandle,
-    Service, Status,
+    Service, Status, Trailers,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -96,13 +96,18 @@ impl Service for Feed {
         match call.method_id() {
             id if id == COUNT.id => call.server_streaming(|r: Request<Item>| async move {
                 let (n, size) = (r.get_ref().seq, r.get_ref().data.len());
+                // Trailers the stream fills in as it goes: what it sent.
+                let trailers = Trailers::new();
+                trailers.insert("sent", "0").unwrap();
+                let sent = trailers.clone();
                 let s = futures::stream::iter(0..n).map(move |seq| {
+                    sent.insert("sent", (seq + 1).to_string()).unwrap();
                     Ok(Item {
                         seq,
                         data: vec![seq as u8; size],
                     })
                 });
-                let mut resp = Response::new(s);
+                let mut resp = Response::new(s).with_trailers(trailers);
                 resp.metadata_mut().insert("kind", "count").unwrap();
                 Ok(resp)
             }),
@@ -147,16 +152,19 @@ impl Service for Feed {
                 Err::<Response<Item>, _>(Status::cancelled("seen"))
             }),
             id if id == FAIL.id => call.server_streaming(|_: Request<Item>| async move {
-                let mut trailers = Metadata::new();
-                trailers.insert("why", "three is enough").unwrap();
+                let mut why = Metadata::new();
+                why.insert("why", "three is enough").unwrap();
+                let trailers = Trailers::new();
+                let sent = trailers.clone();
                 let s = futures::stream::iter(0..4u64).map(move |seq| {
                     if seq < 3 {
+                        sent.insert("sent", (seq + 1).to_string()).unwrap();
                         Ok(item(seq))
                     } else {
-                        Err(Status::out_of_range("no more").with_metadata(trailers.clone()))
+                        Err(Status::out_of_range("no more").with_metadata(why.clone()))
                     }
                 });
-                Ok(Response::new(s))
+                Ok(Response::new(s).with_trailers(trailers))
             }),
             id if id == BUDGET.id => call.unary_async(|r: Request<Item>| async move {
                 let left = r.deadline().map_or(0, |d| {
@@ -237,6 +245,14 @@ fn server_streams_arrive_complete_and_in_order(url: &str) {
     }
     assert_eq!(next, 20_000, "{url}");
     assert_eq!(stream.metadata().unwrap().get("kind"), Some("count"));
+    // The trailers the handler set while its stream ran, with the end.
+    let trailers = stream.trailers().expect("trailers at the end");
+    assert_eq!(trailers.get("sent"), Some("20000"), "{url}");
+    assert_eq!(
+        trailers.get("kind"),
+        None,
+        "initial metadata are not trailers"
+    );
     // Async, with messages larger than half the window.
     let stream = count(&ch, 20, 200_000);
     let got: Vec<_> =
@@ -246,6 +262,7 @@ fn server_streams_arrive_complete_and_in_order(url: &str) {
     let mut stream = count(&ch, 0, 0);
     assert!(stream.blocking_message().unwrap().is_none());
     assert_eq!(stream.metadata().unwrap().get("kind"), Some("count"));
+    assert_eq!(stream.trailers().unwrap().get("sent"), Some("0"));
 }
 
 #[test]
@@ -322,6 +339,8 @@ fn a_stream_ends_with_its_error_status_and_trailers(url: &str) {
         e.metadata().and_then(|m| m.get("why")),
         Some("three is enough")
     );
+    // The handler's trailers join the error's own metadata.
+    assert_eq!(e.metadata().and_then(|m| m.get("sent")), Some("3"));
     assert!(stream.blocking_message().unwrap().is_none());
     // An unknown streaming method fails the stream, not the channel.
     static NOPE: MethodDescriptor = MethodDescriptor {
