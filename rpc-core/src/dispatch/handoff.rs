@@ -136,8 +136,14 @@ impl<S> PollHandoff<S> {
         let counted = PollingCaller(&self.callers_polling);
         if prior > 0 {
             // Another caller polls, and completes this call too: spinning
-            // alongside it would only take a core from it.
-            return done();
+            // alongside it would only take a core from it. But it may have
+            // stopped meanwhile, seeing this one still counted: then this
+            // one is the last to leave, and hands over as it would have.
+            let finished = done();
+            if counted.leave() && (!finished || others_waiting()) {
+                self.ensure_polled();
+            }
+            return finished;
         }
         let finished = loop {
             if done() {
