@@ -7,6 +7,7 @@ use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, CallTable, FrameKind};
+use crate::slot::SlotPool;
 use crate::streaming::{
     CallOwner, ClientStreamingCall, Link, Outbox, Pump, RequestPump, RequestSender, StreamCore,
     Streaming, send_control,
@@ -17,9 +18,8 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 /// A connection to one server, shared by every clone.
@@ -738,17 +738,14 @@ impl CallOwner for Channel {
 struct ClientRole {
     calls: Mutex<CallTable<Call>>,
     /// Slots of finished calls, for reuse.
-    spare_slots: Mutex<Vec<Arc<CallSlot>>>,
+    slots: SlotPool<Outcome>,
 }
-
-/// Call slots a dispatcher keeps for reuse.
-const MAX_SPARE_SLOTS: usize = 1024;
 
 impl Default for ClientRole {
     fn default() -> Self {
         ClientRole {
             calls: Mutex::new(CallTable::new()),
-            spare_slots: Mutex::new(Vec::new()),
+            slots: SlotPool::new(),
         }
     }
 }
@@ -759,34 +756,17 @@ impl ClientRole {
     }
 
     fn take_slot(&self) -> Arc<CallSlot> {
-        self.spare_slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default()
+        self.slots.take()
     }
 
     /// Completes the call of `slot` and lets go of it.
-    fn finish(&self, slot: Arc<CallSlot>, result: Result<RawReply, Status>) {
-        if slot.complete(result) {
-            self.release_slot(slot);
-        }
+    fn finish(&self, slot: Arc<CallSlot>, result: Outcome) {
+        self.slots.finish(slot, result);
     }
 
-    /// Lets go of a finished call's slot: called once by the thread that
-    /// completed it and once by the caller that took the outcome. The second
-    /// to let go keeps the slot for another call; neither touches it after.
+    /// Lets go of a finished call's slot (see [`SlotPool::release`]).
     fn release_slot(&self, slot: Arc<CallSlot>) {
-        if slot.releases.fetch_add(1, Ordering::AcqRel) != 1 {
-            return;
-        }
-        *slot.state.lock().unwrap_or_else(|e| e.into_inner()) = SlotState::Waiting;
-        slot.done.store(false, Ordering::Release);
-        slot.releases.store(0, Ordering::Release);
-        let mut spare = self.spare_slots.lock().unwrap_or_else(|e| e.into_inner());
-        if spare.len() < MAX_SPARE_SLOTS {
-            spare.push(slot);
-        }
+        self.slots.release(slot);
     }
 }
 
@@ -944,89 +924,10 @@ struct RawReply {
     payload: Vec<u8>,
 }
 
-#[derive(Debug, Default)]
-enum SlotState {
-    #[default]
-    Waiting,
-    /// A thread sleeps on the condition variable.
-    Blocked,
-    /// A task waits for this waker.
-    Parked(Waker),
-    Done(Result<RawReply, Status>),
-    Taken,
-}
-
-/// Where the poller leaves a call's outcome for the caller.
-#[derive(Debug, Default)]
-struct CallSlot {
-    state: Mutex<SlotState>,
-    cond: Condvar,
-    /// Set once the outcome is in: lets a polling caller check cheaply.
-    done: AtomicBool,
-    /// How many of the call's two users (the completer, the caller) have let
-    /// go of the slot (see `ClientRole::release_slot`).
-    releases: AtomicU8,
-}
-
-impl CallSlot {
-    /// Leaves the outcome; false if the call already had one (which stays).
-    fn complete(&self, result: Result<RawReply, Status>) -> bool {
-        let prev = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            match std::mem::replace(&mut *state, SlotState::Done(result)) {
-                // Already completed (deadline raced a response): keep the first outcome.
-                prev @ (SlotState::Done(_) | SlotState::Taken) => {
-                    *state = prev;
-                    return false;
-                }
-                prev => {
-                    self.done.store(true, Ordering::Release);
-                    prev
-                }
-            }
-        };
-        match prev {
-            SlotState::Blocked => self.cond.notify_all(),
-            SlotState::Parked(w) => w.wake(),
-            _ => {}
-        }
-        true
-    }
-
-    fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
-    }
-
-    fn wait(&self) -> Result<RawReply, Status> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            match std::mem::replace(&mut *state, SlotState::Taken) {
-                SlotState::Done(r) => return r,
-                SlotState::Taken => return Err(Status::internal("call result already taken")),
-                _ => {
-                    *state = SlotState::Blocked;
-                    state = self.cond.wait(state).unwrap_or_else(|e| e.into_inner());
-                }
-            }
-        }
-    }
-
-    fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<RawReply, Status>> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match std::mem::replace(&mut *state, SlotState::Taken) {
-            SlotState::Done(r) => Poll::Ready(r),
-            SlotState::Taken => Poll::Ready(Err(Status::internal("call polled after completion"))),
-            SlotState::Parked(w) if w.will_wake(cx.waker()) => {
-                *state = SlotState::Parked(w);
-                Poll::Pending
-            }
-            SlotState::Parked(_) | SlotState::Waiting | SlotState::Blocked => {
-                *state = SlotState::Parked(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
-}
+/// What a unary call ends with, left in its slot.
+type Outcome = Result<RawReply, Status>;
+/// Where a unary call's outcome is left for its caller.
+type CallSlot = crate::slot::CallSlot<Outcome>;
 
 /// A call in flight: `.await` it from any executor, or block on it with
 /// [`UnaryCall::wait`]. Dropping it unfinished cancels the call.
@@ -1058,7 +959,7 @@ impl<T> fmt::Debug for UnaryCall<T> {
 
 impl<T> UnaryCall<T> {
     fn failed(status: Status) -> UnaryCall<T> {
-        let slot = CallSlot::default();
+        let slot = CallSlot::new();
         let _ = slot.complete(Err(status));
         UnaryCall {
             slot: Some(Arc::new(slot)),
@@ -1070,6 +971,18 @@ impl<T> UnaryCall<T> {
             _t: PhantomData,
         }
     }
+}
+
+/// Blocks until the outcome of `slot` is in and takes it.
+fn wait_slot(slot: &CallSlot) -> Outcome {
+    slot.wait()
+        .unwrap_or_else(|| Err(Status::internal("call result already taken")))
+}
+
+/// Takes the outcome of `slot` if it is in.
+fn poll_slot(slot: &CallSlot, cx: &mut Context<'_>) -> Poll<Outcome> {
+    slot.poll(cx)
+        .map(|r| r.unwrap_or_else(|| Err(Status::internal("call polled after completion"))))
 }
 
 /// Decodes a response; hands the buffer it arrived in to `recycle`.
@@ -1098,7 +1011,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
     pub fn wait(mut self) -> Result<Response<T>, Status> {
         let slot = self.slot.take().expect("slot present until completion");
         let Some(channel) = self.canceller.take() else {
-            return decode_reply(slot.wait(), drop);
+            return decode_reply(wait_slot(&slot), drop);
         };
         channel.uncork();
         let started = Instant::now();
@@ -1107,7 +1020,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
         // meanwhile, the call fails `Unavailable` instead of waiting forever.
         let weak = Arc::downgrade(&channel.inner);
         drop(channel);
-        let outcome = slot.wait();
+        let outcome = wait_slot(&slot);
         match weak.upgrade() {
             Some(inner) => {
                 let channel = Channel { inner };
@@ -1146,11 +1059,11 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
             }
             self.corked = false;
         }
-        let mut outcome = slot.poll(cx);
+        let mut outcome = poll_slot(&slot, cx);
         if outcome.is_pending() {
             if let Some(channel) = &self.canceller {
                 if channel.try_progress() && slot.is_done() {
-                    outcome = slot.poll(cx);
+                    outcome = poll_slot(&slot, cx);
                 }
             }
         }

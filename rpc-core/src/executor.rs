@@ -12,14 +12,21 @@
 //!
 //! Threads that are not dispatchers (the blocking pool) run tasks to
 //! completion with [`block_on`].
+//!
+//! A waker queues its task's key, then sets `any_woken`, then interrupts
+//! the dispatcher; the dispatcher takes `any_woken` before the keys, and
+//! looks at it (`has_woken`) before it sleeps on its completion queue, whose
+//! interrupt is sticky: a task woken while its dispatcher goes to sleep is
+//! run. `scripts/loom` model-checks this: `rpc-core/tests/loom_wake.rs`.
 
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 /// Pinned future boxes kept per type and thread for reuse.
@@ -77,7 +84,7 @@ impl Wake for TaskWaker {
 }
 
 /// One dispatcher's tasks.
-pub(crate) struct Executor {
+pub struct Executor {
     shared: Arc<Shared>,
     tasks: Mutex<slab::Slab<Parked>>,
     wakers: Mutex<Vec<Arc<TaskWaker>>>,
@@ -163,7 +170,7 @@ fn poll_catching(f: Pin<&mut dyn TaskFuture>, cx: &mut Context<'_>) -> bool {
 
 impl Executor {
     /// An executor whose wakers call `interrupt` to wake its dispatcher.
-    pub(crate) fn new(interrupt: impl Fn() + Send + Sync + 'static) -> Arc<Executor> {
+    pub fn new(interrupt: impl Fn() + Send + Sync + 'static) -> Arc<Executor> {
         Arc::new(Executor {
             shared: Arc::new(Shared {
                 woken: Mutex::new(Vec::new()),
@@ -220,7 +227,7 @@ impl Executor {
 
     /// Runs `future` on this dispatcher: polls it now, on the calling
     /// thread, and parks it if it has to wait.
-    pub(crate) fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
+    pub fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
         // A placeholder holds the key while the first poll runs (the task
         // may spawn others meanwhile).
         let (key, waker) = {
@@ -249,12 +256,12 @@ impl Executor {
     }
 
     /// Whether tasks were woken since the last [`Executor::run_woken`].
-    pub(crate) fn has_woken(&self) -> bool {
+    pub fn has_woken(&self) -> bool {
         self.shared.any_woken.load(Ordering::Acquire)
     }
 
     /// Polls the tasks woken since the last call; returns how many.
-    pub(crate) fn run_woken(&self) -> usize {
+    pub fn run_woken(&self) -> usize {
         if !self.shared.any_woken.swap(false, Ordering::AcqRel) {
             return 0;
         }
@@ -321,8 +328,9 @@ pub(crate) fn block_on<F: Future<Output = ()> + Send>(future: F) {
     })
 }
 
-/// Wakes a thread parked in [`Unpark::park`].
-struct Unpark(std::thread::Thread, AtomicBool);
+/// Wakes a thread parked in [`Unpark::park`] (`std`'s primitives even
+/// under loom: the blocking forms are not model-checked).
+struct Unpark(std::thread::Thread, std::sync::atomic::AtomicBool);
 
 thread_local! {
     /// This thread's parker and its waker, kept between blocking waits (a
@@ -335,7 +343,10 @@ thread_local! {
 impl Unpark {
     /// A waker for the calling thread.
     fn current() -> Arc<Unpark> {
-        Arc::new(Unpark(std::thread::current(), AtomicBool::new(false)))
+        Arc::new(Unpark(
+            std::thread::current(),
+            std::sync::atomic::AtomicBool::new(false),
+        ))
     }
 
     /// Runs `f` with this thread's parker and its waker.

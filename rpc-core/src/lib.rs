@@ -65,8 +65,10 @@ pub mod protocol;
 mod protocol;
 mod request;
 pub mod server;
+mod slot;
 mod status;
 mod streaming;
+mod sync;
 
 /// Internals for this workspace's tests and benchmarks (feature `testing`):
 /// the wire protocol's pure state and the connection handshake, to build
@@ -96,6 +98,15 @@ pub mod testing {
             md.encode(&mut out);
             out
         }
+    }
+
+    /// The units of the hand-written concurrency that `scripts/loom`
+    /// model-checks (`rpc-core/tests/loom_*.rs`), as production uses them.
+    pub mod sync {
+        pub use crate::dispatch::handoff::PollHandoff;
+        pub use crate::dispatch::wake::Corked;
+        pub use crate::executor::Executor;
+        pub use crate::slot::{CallSlot, SlotPool};
     }
 }
 

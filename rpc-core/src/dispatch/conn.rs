@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::auth::Peer;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Message buffers a connection keeps for reuse, and the largest it keeps.
 pub(super) const MAX_POOLED_BUFFERS: usize = 256;

@@ -4,16 +4,20 @@
 
 mod config;
 mod conn;
+pub(crate) mod handoff;
 mod spin;
 mod srq;
+pub(crate) mod wake;
 
 pub(crate) use config::Config;
 pub use config::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 pub(crate) use conn::staging_limit;
 pub(crate) use conn::{Conn, OutFrame};
+use handoff::PollHandoff;
 pub(crate) use spin::AdaptiveSpin;
 use spin::{POLL_NAP, spin_pause};
 use srq::SrqProvision;
+use wake::Corked;
 
 use crate::executor::Executor;
 use crate::fabric::{
@@ -26,7 +30,7 @@ use crate::protocol::{
 };
 use crate::{Metadata, Status};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, TryLockError};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 /// Completions taken from the CQ per poll.
@@ -65,7 +69,7 @@ struct PollState<F: Fabric> {
 /// response may take it ([`Endpoint::poll_until`]) and handle completions
 /// on its own thread, which saves two thread hand-offs per call. Meanwhile
 /// the poller thread naps, and is woken when the caller stops polling while
-/// others still wait.
+/// others still wait (see [`PollHandoff`]).
 pub(crate) struct Endpoint<F: Fabric, R> {
     pub fabric: F,
     /// This dispatcher's completion queue: its connections report here.
@@ -75,17 +79,12 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     pub(crate) exec: Option<Arc<Executor>>,
     pub role: R,
     conns: RwLock<IdMap<Arc<Conn<F>>>>,
-    poll: Mutex<PollState<F>>,
-    /// The poller thread, once it runs.
-    poller: OnceLock<std::thread::Thread>,
-    /// Callers polling for their responses ([`Endpoint::poll_until`]).
-    callers_polling: AtomicUsize,
+    /// The poll state, who holds it, and the poller's naps.
+    poll: PollHandoff<PollState<F>>,
     /// How long the poller thread waited for work after going idle.
     pub(crate) idle_gaps: AdaptiveSpin,
     /// How long callers waited for their responses.
     pub(crate) call_waits: AdaptiveSpin,
-    /// Whether the poller thread is napping because a caller polls.
-    poller_napping: AtomicBool,
     stop: AtomicBool,
     /// When the poller plans to wake (ns since `epoch`; 0 while awake).
     planned_wake: AtomicU64,
@@ -97,24 +96,12 @@ pub(crate) struct Endpoint<F: Fabric, R> {
     epoch: Instant,
     /// What this dispatcher owes the shared receive queue.
     srq: SrqProvision,
-    /// How many times callers (blocked in `wait`, or their futures) turned
-    /// the queue themselves: while this grows, the poller naps. A counter,
-    /// not a time: the hot path reads no clock for it.
-    self_polls: AtomicU64,
-    /// A caller or future stopped polling without its response and asked
-    /// the poller to take over ([`Endpoint::ensure_polled`]).
-    take_over: AtomicBool,
     /// Connections handled by this dispatcher.
     load: AtomicUsize,
     /// Connections whose writes wait for an uncork ([`Conn::send_corked`]):
     /// the poller flushes them on its next turn, so a request leaves even if
-    /// its call is never polled.
-    corked: Mutex<Vec<Arc<Conn<F>>>>,
-    /// Whether `corked` may be non-empty.
-    any_corked: AtomicBool,
-    /// Whether the poller sleeps on the queue: then a corking caller
-    /// uncorks at once instead of waiting for it.
-    asleep: AtomicBool,
+    /// its call is never polled, and they flush themselves while it sleeps.
+    corked: Corked<Arc<Conn<F>>>,
 }
 
 impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
@@ -145,28 +132,21 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                 exec,
                 role,
                 conns: RwLock::new(IdMap::default()),
-                poll: Mutex::new(PollState {
+                poll: PollHandoff::new(PollState {
                     batch: Vec::with_capacity(POLL_BATCH),
                     touched: Vec::new(),
                     consumed_recvs: 0,
                 }),
-                poller: OnceLock::new(),
-                callers_polling: AtomicUsize::new(0),
                 idle_gaps: AdaptiveSpin::default(),
                 call_waits: AdaptiveSpin::default(),
-                poller_napping: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 planned_wake: AtomicU64::new(0),
                 timer_hint: AtomicU64::new(u64::MAX),
                 next_heartbeat: AtomicU64::new(u64::MAX),
                 epoch: Instant::now(),
                 srq: SrqProvision::default(),
-                self_polls: AtomicU64::new(0),
-                take_over: AtomicBool::new(false),
                 load: AtomicUsize::new(0),
-                corked: Mutex::new(Vec::new()),
-                any_corked: AtomicBool::new(false),
-                asleep: AtomicBool::new(false),
+                corked: Corked::new(),
             }
         }))
     }
@@ -282,36 +262,12 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// poller uncorks it on its next turn unless its callers do first, and if
     /// the poller sleeps, it is uncorked now.
     pub(crate) fn corked(&self, conn: &Arc<Conn<F>>) {
-        self.corked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::clone(conn));
-        self.any_corked.store(true, Ordering::SeqCst);
-        // Pairs with the poller's store of `asleep` before its last flush:
-        // either it sees `any_corked`, or this sees `asleep`.
-        if self.asleep.load(Ordering::SeqCst) {
-            self.flush_corked();
-        }
+        self.corked.note(Arc::clone(conn), |c| c.uncork());
     }
 
     /// Posts the writes of the connections [`Endpoint::corked`] noted.
     fn flush_corked(&self) {
-        // A load first: a swap on every turn would take the cache line from
-        // the callers that set it.
-        if !self.any_corked.load(Ordering::SeqCst) || !self.any_corked.swap(false, Ordering::SeqCst)
-        {
-            return;
-        }
-        let lock = || self.corked.lock().unwrap_or_else(|e| e.into_inner());
-        let mut conns = std::mem::take(&mut *lock());
-        for conn in conns.drain(..) {
-            conn.uncork();
-        }
-        // Give the list its capacity back: no allocation per flush.
-        let mut list = lock();
-        if list.capacity() == 0 {
-            *list = conns;
-        }
+        self.corked.flush(|c| c.uncork());
     }
 
     /// Asks the poller to exit.
@@ -322,20 +278,13 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     }
 
     fn unpark_poller(&self) {
-        if let Some(t) = self.poller.get() {
-            t.unpark();
-        }
+        self.poll.unpark_poller();
     }
 
     /// Makes sure the poller thread polls if no caller does: called before
     /// a caller waits for a response without polling itself.
     pub(crate) fn ensure_polled(&self) {
-        // A waiter giving up on polling: the poller need not wait for the
-        // others' polls to stop before it takes over again.
-        self.take_over.store(true, Ordering::SeqCst);
-        if self.poller_napping.load(Ordering::SeqCst) {
-            self.unpark_poller();
-        }
+        self.poll.ensure_polled();
     }
 
     fn nanos(&self, at: Instant) -> u64 {
@@ -406,16 +355,6 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         Some(next)
     }
 
-    /// The poll state, unless another thread holds it (a poisoned lock is
-    /// taken over: its state stays consistent between turns).
-    fn try_poll_state(&self) -> Option<MutexGuard<'_, PollState<F>>> {
-        match self.poll.try_lock() {
-            Ok(st) => Some(st),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-
     /// Polls the completion queue once and handles what it held; returns
     /// how many completions that was.
     fn turn(self: &Arc<Self>, st: &mut PollState<F>) -> usize {
@@ -471,48 +410,33 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         done: impl Fn() -> bool,
         others_waiting: impl FnOnce() -> bool,
     ) -> bool {
-        let prior = self.callers_polling.fetch_add(1, Ordering::SeqCst);
-        let counted = PollingCaller(&self.callers_polling);
-        if prior > 0 {
-            // Another caller polls, and completes this call too: spinning
-            // alongside it would only take a core from it.
-            return done();
-        }
-        let spin = self.call_waits.budget(spin);
+        let mut budget = None;
         let mut idle_since = None;
         let mut spins = 0u32;
-        let finished = loop {
-            if done() {
-                break true;
-            }
-            if self.stop.load(Ordering::Acquire) {
-                break false;
-            }
-            let progress = self.try_poll_state().map_or(0, |mut st| self.turn(&mut st));
-            if progress > 0 {
+        let idle = |progress: bool| {
+            if progress {
                 idle_since = None;
-                continue;
+                return false;
             }
             // The clock is read every 128 spins: where it is slow (a
             // syscall under emulation) reading it often costs the spin.
             if spins % 128 == 0 {
                 let now = Instant::now();
+                let spin = *budget.get_or_insert_with(|| self.call_waits.budget(spin));
                 if now.duration_since(*idle_since.get_or_insert(now)) >= spin {
-                    break done();
+                    return true;
                 }
             }
             spin_pause(&mut spins);
+            false
         };
-        // A caller that got its response is likely to make the next call
-        // soon (a synchronous loop): the poller keeps napping meanwhile
-        // instead of arming the queue and being woken by that call's
-        // response, which its caller handles anyway.
-        self.self_polls.fetch_add(1, Ordering::SeqCst);
-        let last = counted.leave();
-        if last && (!finished || others_waiting()) {
-            self.ensure_polled();
-        }
-        finished
+        self.poll.poll_until(
+            done,
+            || self.stop.load(Ordering::Acquire),
+            |st| self.turn(st),
+            idle,
+            others_waiting,
+        )
     }
 
     /// Turns the queue once on the calling thread if nobody else is turning
@@ -520,12 +444,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// `UnaryCall`'s `poll`); returns whether it did. While futures do this,
     /// the poller thread naps instead of competing with them.
     pub(crate) fn try_progress(self: &Arc<Self>) -> bool {
-        let Some(mut st) = self.try_poll_state() else {
-            return false;
-        };
-        self.self_polls.fetch_add(1, Ordering::Relaxed);
-        self.turn(&mut st);
-        true
+        self.poll.try_turn(|st| self.turn(st))
     }
 
     /// One round of the poller's loop on the calling thread, for a harness
@@ -535,7 +454,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     #[cfg(feature = "testing")]
     pub(crate) fn turn_by_hand(self: &Arc<Self>) -> usize {
         self.flush_corked();
-        let found = self.try_poll_state().map_or(0, |mut st| self.turn(&mut st));
+        let found = self.poll.try_lock().map_or(0, |mut st| self.turn(&mut st));
         found + self.run_tasks()
     }
 
@@ -547,7 +466,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// The poller: run to completion what the queue brings, spin briefly on
     /// an empty queue, then block. While a caller polls in its place, nap.
     pub(crate) fn run(self: &Arc<Self>) {
-        let _ = self.poller.set(std::thread::current());
+        self.poll.register_poller();
         if let Some(exec) = &self.exec {
             exec.enter();
         }
@@ -559,46 +478,32 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let mut busy = 0u32;
         // `self_polls` when the poller last looked: callers polled since
         // if it grew.
-        let mut seen_polls = self.self_polls.load(Ordering::SeqCst);
+        let mut seen_polls = self.poll.self_polls();
         while !self.stop.load(Ordering::Acquire) {
             self.flush_corked();
-            let mut self_polled = || {
-                let polls = self.self_polls.load(Ordering::SeqCst);
-                let grew = polls != seen_polls;
-                seen_polls = polls;
-                grew && !self.take_over.load(Ordering::SeqCst)
-            };
-            if self.take_over.swap(false, Ordering::SeqCst) {
-                // Take over now, whatever was polled before.
-                seen_polls = self.self_polls.load(Ordering::SeqCst);
-            } else if self.callers_polling.load(Ordering::SeqCst) > 0 || self_polled() {
-                // Say so, then look once more: the last caller (or future)
-                // may have stopped before it could see the flag.
-                self.poller_napping.store(true, Ordering::SeqCst);
-                let callers = self.callers_polling.load(Ordering::SeqCst) > 0;
-                if callers || !self.take_over.load(Ordering::SeqCst) {
-                    let now = Instant::now();
-                    next_tick = self.tick(next_tick, now);
-                    let nap = next_tick
-                        .saturating_duration_since(now)
-                        .clamp(Duration::from_micros(20), POLL_NAP);
-                    self.planned_wake
-                        .store(self.nanos(now + nap).max(1), Ordering::SeqCst);
-                    // A timer asked for before `planned_wake` was set did not
-                    // unpark: look once more.
-                    let hint = self.timer_hint.load(Ordering::SeqCst);
-                    if self.epoch + Duration::from_nanos(hint) > now + nap {
-                        std::thread::park_timeout(nap);
-                    }
-                    self.planned_wake.store(0, Ordering::SeqCst);
+            let napped = self.poll.poller_naps(&mut seen_polls, || {
+                let now = Instant::now();
+                next_tick = self.tick(next_tick, now);
+                let nap = next_tick
+                    .saturating_duration_since(now)
+                    .clamp(Duration::from_micros(20), POLL_NAP);
+                self.planned_wake
+                    .store(self.nanos(now + nap).max(1), Ordering::SeqCst);
+                // A timer asked for before `planned_wake` was set did not
+                // unpark: look once more.
+                let hint = self.timer_hint.load(Ordering::SeqCst);
+                if self.epoch + Duration::from_nanos(hint) > now + nap {
+                    crate::sync::thread::park_timeout(nap);
                 }
-                self.poller_napping.store(false, Ordering::SeqCst);
+                self.planned_wake.store(0, Ordering::SeqCst);
+            });
+            if napped {
                 idle_since = None;
                 gap_start = None;
                 self.run_tasks();
                 continue;
             }
-            let Some(mut st) = self.try_poll_state() else {
+            let Some(mut st) = self.poll.try_lock() else {
                 // A caller finishing its last turn: it lets go at once.
                 spin_pause(&mut spins);
                 continue;
@@ -635,7 +540,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             // Arm, look once more (what came before arming would not end
             // the wait), then sleep without holding the queue, so a caller
             // can take it meanwhile.
-            let Some(mut st) = self.try_poll_state() else {
+            let Some(mut st) = self.poll.try_lock() else {
                 continue;
             };
             self.cq.arm();
@@ -652,11 +557,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             let hint = self.timer_hint.load(Ordering::SeqCst);
             let next_tick = next_tick.min(self.epoch + Duration::from_nanos(hint));
             let sleep = next_tick.saturating_duration_since(now);
-            if !sleep.is_zero() && self.callers_polling.load(Ordering::SeqCst) == 0 {
-                self.asleep.store(true, Ordering::SeqCst);
-                self.flush_corked();
-                self.cq.wait(Some(sleep.min(Duration::from_secs(1))));
-                self.asleep.store(false, Ordering::SeqCst);
+            if !sleep.is_zero() && self.poll.callers_polling() == 0 {
+                self.corked.sleep(
+                    |c| c.uncork(),
+                    || self.cq.wait(Some(sleep.min(Duration::from_secs(1)))),
+                );
             }
             self.planned_wake.store(0, Ordering::SeqCst);
             idle_since = None;
@@ -727,25 +632,6 @@ impl InTurn {
 impl Drop for InTurn {
     fn drop(&mut self) {
         IN_TURN.set(self.0);
-    }
-}
-
-/// Counts a caller in `callers_polling` while it lives, so that a panic in
-/// a turn (a waker's, say) cannot leave the count up and the poller napping.
-struct PollingCaller<'a>(&'a AtomicUsize);
-
-impl PollingCaller<'_> {
-    /// Stops counting; true if this was the last polling caller.
-    fn leave(self) -> bool {
-        let last = self.0.fetch_sub(1, Ordering::SeqCst) == 1;
-        std::mem::forget(self);
-        last
-    }
-}
-
-impl Drop for PollingCaller<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
