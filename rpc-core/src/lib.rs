@@ -67,6 +67,8 @@ mod request;
 pub mod server;
 mod status;
 mod streaming;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 /// Internals for this workspace's tests and benchmarks (feature `testing`):
 /// the wire protocol's pure state and the connection handshake, to build
