@@ -345,3 +345,43 @@ fn bad_pem_files_are_named_and_bad_configs_refused() {
     assert_eq!(host_of("tcp://127.0.0.1:5"), "127.0.0.1");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+on_network_fabrics! {
+    fn tls_handshakes_that_stall_or_send_garbage_are_dropped(url: &str) {
+        use std::io::{Read, Write};
+        let ca = Ca::new("test CA");
+        let probe = Probe::new();
+        let server = serve(
+            test_server(&probe)
+                .handshake_timeout(Duration::from_millis(300))
+                .tls_config(ca.server_config(url))
+                .unwrap(),
+            url,
+        );
+        let u = server.local_url().to_owned();
+        let addr = rpc_core::fabric::FabricUrl::parse(&u).unwrap().socket_addr();
+        let open = |first: &[u8]| {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            s.write_all(first).unwrap();
+            s
+        };
+        // The start of a ClientHello, then nothing: gone at the timeout.
+        let mut stalled = open(&[0x16, 0x03, 0x01, 0x00, 0xf0, 0x01]);
+        // A TLS record header, then garbage: dropped at once.
+        let mut garbage = open(&[0x16, 0x03, 0x01, 0x00, 0x05, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        let _ = garbage.read_to_end(&mut rest);
+        assert!(started.elapsed() < Duration::from_millis(250), "garbage lingered");
+        let _ = stalled.read_to_end(&mut rest);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < FAST,
+            "the stalled handshake ended after {took:?}"
+        );
+        // Real clients were never kept out.
+        let (channel, _) = connect(&u, Some(ca.client_config()));
+        round_trip(&channel.expect("a TLS connect"));
+    }
+}
