@@ -35,7 +35,7 @@ pub const FABRICS: &[(&str, Kind, &str)] = &[
     (
         "tls",
         Kind::Plaintext,
-        "rdma-rpc on tcp:// without TLS (ours: tcp:// over TLS)",
+        "rdma-rpc on tcp:// in the clear; ours: tcp:// over TLS",
     ),
     (
         "rdma",
