@@ -6,10 +6,10 @@ use std::path::PathBuf;
 pub const USAGE: &str = "\
 usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
                  [--connections K] [--warmup N] [--json FILE]
-                 [--baseline tonic|perftest|channel] [--spin-us N]
+                 [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
        rpc-bench --stream --url URL --size BYTES --calls N [--concurrency C]
                  [--stream-len M] [--connections K] [--warmup N] [--json FILE]
-                 [--baseline tonic|perftest|channel] [--spin-us N]
+                 [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
@@ -41,6 +41,10 @@ process, alternating with ours in up to 5 rounds; perftest runs afterwards):
   tonic     gRPC (tonic) on 127.0.0.1, server and client in this process
   perftest  ib_write_lat and ib_write_bw on the device of an rdma:// URL
   channel   a crossbeam-channel ping-pong between two threads
+  plaintext rdma-rpc itself without TLS, on the same URL (with --tls)
+--tls runs our server and clients over TLS (a CA and a server certificate are
+made for the run; tcp:// is all TLS, rdma:// only its handshake); its records
+name the fabric tls.
 --json FILE appends every line as a JSON record (JSON Lines).
 --spin-us N (an experiment, not a default) sets how long server and client
 poll an idle queue before they sleep (the builders' spin(); default: 50 µs,
@@ -56,6 +60,8 @@ pub enum Baseline {
     Perftest,
     /// A crossbeam-channel ping-pong.
     Channel,
+    /// rdma-rpc without TLS (for `--tls` runs).
+    Plaintext,
 }
 
 /// What to run.
@@ -84,6 +90,8 @@ pub struct Options {
     pub stream: bool,
     /// Stream mode: messages per stream (None: a round's over the streams).
     pub stream_len: Option<u64>,
+    /// Ours runs over TLS (`--tls`).
+    pub tls: bool,
 }
 
 impl Options {
@@ -101,17 +109,22 @@ impl Options {
         let mut spin = None;
         let mut stream = false;
         let mut stream_len = None;
+        let mut tls = false;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             let (name, inline_value) = match arg.split_once('=') {
                 Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
                 _ => (arg.clone(), None),
             };
-            if name == "--stream" {
+            if name == "--stream" || name == "--tls" {
                 if inline_value.is_some() {
-                    return Err("--stream takes no value".into());
+                    return Err(format!("{name} takes no value"));
                 }
-                stream = true;
+                if name == "--tls" {
+                    tls = true;
+                } else {
+                    stream = true;
+                }
                 continue;
             }
             let mut value = || {
@@ -133,9 +146,10 @@ impl Options {
                         "tonic" => Baseline::Tonic,
                         "perftest" => Baseline::Perftest,
                         "channel" => Baseline::Channel,
+                        "plaintext" => Baseline::Plaintext,
                         other => {
                             return Err(format!(
-                                "unknown baseline {other:?}: expected tonic, perftest or channel"
+                                "unknown baseline {other:?}: expected tonic, perftest, channel or plaintext"
                             ));
                         }
                     })
@@ -185,6 +199,12 @@ impl Options {
         if baseline == Some(Baseline::Perftest) && !url.starts_with("rdma://") {
             return Err("--baseline perftest needs an rdma:// URL (it runs on that device)".into());
         }
+        if baseline == Some(Baseline::Plaintext) && !(tls && url.starts_with("tcp://")) {
+            return Err("--baseline plaintext needs --tls and a tcp:// URL".into());
+        }
+        if tls && url.starts_with("mem://") {
+            return Err("--tls: mem:// has no TLS".into());
+        }
         Ok(Some(Options {
             url,
             size: size as usize,
@@ -197,6 +217,7 @@ impl Options {
             spin,
             stream,
             stream_len,
+            tls,
         }))
     }
 

@@ -31,6 +31,7 @@ pub mod report;
 pub mod rpc;
 pub mod stream;
 pub mod svg;
+pub mod tls;
 pub mod tonic_baseline;
 
 pub use cli::{Baseline, Options};

@@ -193,6 +193,8 @@ pub enum Kind {
     Perftest,
     /// A crossbeam-channel ping-pong between two threads.
     Channel,
+    /// rdma-rpc on tcp:// without TLS: the baseline of its runs over TLS.
+    Plaintext,
 }
 
 impl Kind {
@@ -203,6 +205,7 @@ impl Kind {
             Kind::Tonic => "tonic",
             Kind::Perftest => "verbs",
             Kind::Channel => "channel",
+            Kind::Plaintext => "plaintext",
         }
     }
 }

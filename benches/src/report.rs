@@ -33,6 +33,11 @@ pub const FABRICS: &[(&str, Kind, &str)] = &[
     ("mem", Kind::Channel, "crossbeam channel ping-pong"),
     ("tcp", Kind::Tonic, "tonic (gRPC) on loopback TCP"),
     (
+        "tls",
+        Kind::Plaintext,
+        "rdma-rpc on tcp:// in the clear; ours: tcp:// over TLS",
+    ),
+    (
         "rdma",
         Kind::Perftest,
         "perftest ib_write_lat / ib_write_bw",

@@ -55,14 +55,25 @@ pub struct RpcRun {
     pub params: Params,
     /// How long server and clients spin before they sleep (None: default).
     pub spin: Option<Duration>,
+    /// TLS for server and clients (None: plaintext).
+    pub tls: Option<crate::tls::TestPki>,
 }
 
 /// Serves the echo service on `url`, with the defaults a user gets (and
-/// `spin`, if set).
-pub fn serve(url: &str, spin: Option<Duration>) -> Result<ServerHandle, String> {
+/// `spin`, if set; over TLS with `tls`).
+pub fn serve(
+    url: &str,
+    spin: Option<Duration>,
+    tls: Option<&crate::tls::TestPki>,
+) -> Result<ServerHandle, String> {
     let mut builder = Server::builder().add_service(EchoServer::new(EchoService));
     if let Some(spin) = spin {
         builder = builder.spin(spin);
+    }
+    if let Some(pki) = tls {
+        builder = builder
+            .tls_config(pki.server())
+            .map_err(|s| format!("TLS: {}", s.message()))?;
     }
     builder
         .serve(url)
@@ -76,13 +87,14 @@ pub struct RpcBench {
     server: Option<ServerHandle>,
     url: String,
     params: Params,
+    tls: bool,
 }
 
 impl RpcBench {
     /// Starts the server and opens the connections. `Err` when either
     /// cannot be set up.
     pub fn start(run: &RpcRun) -> Result<RpcBench, String> {
-        let server = serve(&run.url, run.spin)?;
+        let server = serve(&run.url, run.spin, run.tls.as_ref())?;
         let url = server.local_url().to_owned();
         let mut clients = Vec::with_capacity(run.params.connections);
         for _ in 0..run.params.connections.max(1) {
@@ -97,6 +109,11 @@ impl RpcBench {
             if let Some(spin) = run.spin {
                 builder = builder.spin(spin);
             }
+            if let Some(pki) = &run.tls {
+                builder = builder
+                    .tls_config(pki.client())
+                    .map_err(|s| format!("TLS: {}", s.message()))?;
+            }
             let channel = builder
                 .connect()
                 .map_err(|s| format!("cannot connect to {url}: {}", s.message()))?;
@@ -107,6 +124,7 @@ impl RpcBench {
             server: Some(server),
             url,
             params: run.params,
+            tls: run.tls.is_some(),
         })
     }
 
@@ -115,9 +133,12 @@ impl RpcBench {
         &self.url
     }
 
-    /// The URL's fabric: `mem`, `tcp` or `rdma`.
+    /// The URL's fabric: `mem`, `tcp` or `rdma`; `tls` for tcp:// over TLS.
     pub fn fabric(&self) -> &str {
-        self.url.split("://").next().unwrap_or("")
+        match self.url.split("://").next().unwrap_or("") {
+            "tcp" if self.tls => "tls",
+            other => other,
+        }
     }
 }
 

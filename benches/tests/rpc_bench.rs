@@ -41,6 +41,7 @@ fn ours(url: &str, p: Params) -> Measurement {
         url: url.into(),
         params: p,
         spin: None,
+        tls: None,
     })
     .expect("server and connections come up")
 }
@@ -79,6 +80,7 @@ fn large_payloads() {
         url: "mem://rpc-bench-large".into(),
         params: p,
         spin: None,
+        tls: None,
     })
     .unwrap();
     assert_sane(&m, 50);
@@ -217,6 +219,7 @@ fn streams_deliver_every_message() {
                 url: url.into(),
                 params: p,
                 spin: None,
+                tls: None,
             };
             benches.push((url.into(), Box::new(RpcBench::start(&run).unwrap())));
         }

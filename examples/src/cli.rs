@@ -2,7 +2,8 @@
 //! message, and serving until killed.
 
 use rpc_core::health::{self, ServingStatus};
-use rpc_core::{Server, Service};
+use rpc_core::tls::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use rpc_core::{ChannelBuilder, Server, Service};
 
 /// Prints `msg` and exits with status 2 (bad usage, or cannot start).
 pub fn fail(msg: &str) -> ! {
@@ -26,18 +27,67 @@ pub fn parse(v: &str, name: &str) -> u64 {
         .unwrap_or_else(|_| fail(&format!("{name}: {v:?} is not a number")))
 }
 
-/// The main of a server binary `name`: takes `--listen URL`, serves
-/// `service` and the standard health service (reporting the service as
-/// serving) on it, and serves until killed.
+/// What the client binaries say about their TLS options.
+pub const CLIENT_TLS_USAGE: &str = "TLS (tcp://, and the rdma:// handshake):
+  --tls-ca FILE                 trust servers whose certificate this CA (PEM) issued
+  --tls-domain NAME             the name the server's certificate must carry (default: the URL's host)
+  --tls-cert FILE --tls-key FILE  this client's certificate and key (PEM), for mutual TLS";
+
+/// Removes the client's TLS options from `args` (see [`CLIENT_TLS_USAGE`])
+/// and applies them to `builder`; fails with a message naming a bad file.
+pub fn client_tls(args: &mut Vec<String>, builder: ChannelBuilder) -> ChannelBuilder {
+    let ca = take_opt(args, "--tls-ca");
+    let domain = take_opt(args, "--tls-domain");
+    let identity = identity(take_opt(args, "--tls-cert"), take_opt(args, "--tls-key"));
+    let Some(ca) = ca else {
+        if domain.is_some() || identity.is_some() {
+            fail("--tls-domain, --tls-cert and --tls-key need --tls-ca");
+        }
+        return builder;
+    };
+    let ca = Certificate::from_pem_file(&ca).unwrap_or_else(|e| fail(e.message()));
+    let mut config = ClientTlsConfig::new().ca_certificate(ca);
+    if let Some(domain) = domain {
+        config = config.domain_name(domain);
+    }
+    if let Some(identity) = identity {
+        config = config.identity(identity);
+    }
+    builder
+        .tls_config(config)
+        .unwrap_or_else(|e| fail(e.message()))
+}
+
+/// The identity in a certificate and a key file, given both or neither.
+fn identity(cert: Option<String>, key: Option<String>) -> Option<Identity> {
+    match (cert, key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            Some(Identity::from_pem_files(cert, key).unwrap_or_else(|e| fail(e.message())))
+        }
+        _ => fail("--tls-cert and --tls-key go together"),
+    }
+}
+
+/// The main of a server binary `name`: takes `--listen URL` (and TLS
+/// options), serves `service` and the standard health service (reporting
+/// the service as serving) on it, and serves until killed.
 pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
     let usage = format!(
-        "usage: {name} --listen URL   (URL: tcp://host:port, rdma://host:port or mem://name)"
+        "usage: {name} --listen URL [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+  URL: tcp://host:port, rdma://host:port or mem://name
+  --tls-cert FILE --tls-key FILE  serve over TLS with this certificate chain and key (PEM)
+  --tls-client-ca FILE            and require client certificates from this CA (mutual TLS)"
     );
     let mut args = std::env::args().skip(1);
     let mut listen = None;
+    let (mut cert, mut key, mut client_ca) = (None, None, None);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" | "-l" => listen = args.next(),
+            "--tls-cert" => cert = args.next(),
+            "--tls-key" => key = args.next(),
+            "--tls-client-ca" => client_ca = args.next(),
             "--help" | "-h" => {
                 println!("{usage}");
                 std::process::exit(0);
@@ -48,7 +98,22 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
     let Some(listen) = listen else { fail(&usage) };
     let service_name = service.descriptor().name;
     let (health, health_service) = health::service();
-    let server = match Server::builder()
+    let mut builder = Server::builder();
+    match identity(cert, key) {
+        Some(identity) => {
+            let mut config = ServerTlsConfig::new().identity(identity);
+            if let Some(ca) = client_ca {
+                let ca = Certificate::from_pem_file(&ca).unwrap_or_else(|e| fail(e.message()));
+                config = config.client_ca_root(ca);
+            }
+            builder = builder
+                .tls_config(config)
+                .unwrap_or_else(|e| fail(&format!("{name}: {}", e.message())));
+        }
+        None if client_ca.is_some() => fail("--tls-client-ca needs --tls-cert and --tls-key"),
+        None => {}
+    }
+    let server = match builder
         .add_service(service)
         .add_service(health_service)
         .serve(&listen)

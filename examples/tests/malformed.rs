@@ -65,6 +65,7 @@ impl Raw {
             max_message: (RAW_RING / 2 - HEADER_LEN) as u32,
             timeout: LIMIT,
             credential: None,
+            tls: None,
         };
         let cq = fabric.create_cq().unwrap();
         let connected = fabric

@@ -172,6 +172,7 @@ pub struct ChannelBuilder {
     config: Config,
     timeout: Option<Duration>,
     credential: Option<Arc<dyn Credential>>,
+    tls: Option<crate::fabric::ClientTls>,
 }
 
 impl fmt::Debug for ChannelBuilder {
@@ -181,6 +182,7 @@ impl fmt::Debug for ChannelBuilder {
             .field("config", &self.config)
             .field("timeout", &self.timeout)
             .field("credential", &self.credential.is_some())
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -199,6 +201,18 @@ impl ChannelBuilder {
     pub fn credential(mut self, credential: impl Credential) -> Self {
         self.credential = Some(Arc::new(credential));
         self
+    }
+
+    /// Connects over TLS (`tcp://`: everything; `rdma://`: the handshake
+    /// over TCP; `mem://` ignores it): the server's certificate must come
+    /// from a CA in `config` and be valid for the URL's host (or
+    /// [`ClientTlsConfig::domain_name`](crate::tls::ClientTlsConfig::domain_name)).
+    /// Fails at once if `config` is not usable (no CA, a PEM without a
+    /// certificate or key, a key that does not match its certificate).
+    #[cfg(feature = "tls")]
+    pub fn tls_config(mut self, config: crate::tls::ClientTlsConfig) -> Result<Self, Status> {
+        self.tls = Some(config.build()?);
+        Ok(self)
     }
 
     /// How long connecting may take (default 5 s).
@@ -243,6 +257,7 @@ impl ChannelBuilder {
                 &url,
                 &self.config,
                 self.credential,
+                self.tls,
             )?),
             #[cfg(feature = "verbs")]
             Scheme::Rdma => ClientInner::Verbs(Client::connect(
@@ -250,6 +265,7 @@ impl ChannelBuilder {
                 &url,
                 &self.config,
                 self.credential,
+                self.tls,
             )?),
             #[cfg(not(feature = "verbs"))]
             Scheme::Rdma => match crate::fabric::open_verbs(&url)? {},
@@ -278,6 +294,7 @@ impl Channel {
             config: Config::default(),
             timeout: None,
             credential: None,
+            tls: None,
         }
     }
 
@@ -553,6 +570,7 @@ impl<F: Fabric> Client<F> {
         url: &FabricUrl,
         config: &Config,
         credential: Option<Arc<dyn Credential>>,
+        tls: Option<crate::fabric::ClientTls>,
     ) -> Result<Client<F>, Status> {
         let ep = least_loaded(&rt.endpoints).clone();
         let ring = ep.fabric.register(config.ring_size, true)?;
@@ -561,6 +579,7 @@ impl<F: Fabric> Client<F> {
             max_message: config.max_message as u32,
             timeout: config.connect_timeout,
             credential,
+            tls,
         };
         let connected = ep.fabric.connect(url, local, &ep.cq)?;
         let conn = ep.add(connected, ring, config.max_message)?;

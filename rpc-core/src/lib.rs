@@ -69,6 +69,8 @@ mod slot;
 mod status;
 mod streaming;
 mod sync;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 /// Internals for this workspace's tests and benchmarks (feature `testing`):
 /// the wire protocol's pure state and the connection handshake, to build

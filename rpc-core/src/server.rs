@@ -768,6 +768,22 @@ impl ServerBuilder {
         self
     }
 
+    /// Serves over TLS (`tcp://`: everything; `rdma://`: the handshake over
+    /// TCP; `mem://` ignores it): clients must connect with
+    /// [`ChannelBuilder::tls_config`](crate::ChannelBuilder::tls_config),
+    /// and a plaintext one is told so. With
+    /// [`ServerTlsConfig::client_ca_root`](crate::tls::ServerTlsConfig::client_ca_root)
+    /// clients need a certificate from that CA, and handlers see the name
+    /// in it in [`Request::peer`](crate::Request::peer) (unless an
+    /// [`authenticator`](ServerBuilder::authenticator) names the client).
+    /// Fails at once if `config` is not usable (no identity, a PEM without
+    /// a certificate or key, a key that does not match its certificate).
+    #[cfg(feature = "tls")]
+    pub fn tls_config(mut self, config: crate::tls::ServerTlsConfig) -> Result<Self, Status> {
+        self.admission.tls = Some(config.build()?);
+        Ok(self)
+    }
+
     /// Connections kept at most (default 4,096); a client beyond it fails
     /// to connect with `ResourceExhausted`, naming the limit.
     pub fn max_connections(mut self, n: usize) -> Self {
@@ -996,6 +1012,7 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
         max_message: max_message as u32,
         timeout: ep.config.connect_timeout,
         credential: None,
+        tls: None,
     };
     let connected = ep.fabric.accept(incoming, local, &ep.cq)?;
     let conn = ep.add(connected, ring, max_message)?;

@@ -43,10 +43,25 @@ fn run(o: &Options) -> i32 {
             return 1;
         }
     }
+    let tls = if o.tls {
+        let host = rpc_core::fabric::FabricUrl::parse(&o.url)
+            .map(|u| u.host)
+            .unwrap_or_default();
+        match benches::tls::TestPki::new(&host) {
+            Ok(pki) => Some(pki),
+            Err(e) => {
+                eprintln!("rpc-bench: {e}");
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
     let run = RpcRun {
         url: o.url.clone(),
         params,
         spin: o.spin,
+        tls,
     };
     let mut ours_bench = match RpcBench::start(&run) {
         Ok(b) => b,
@@ -73,6 +88,22 @@ fn run(o: &Options) -> i32 {
             let b = ChannelBench::new(&params);
             let url = b.url();
             Some((Box::new(b), Kind::Channel, url))
+        }
+        Some(Baseline::Plaintext) => {
+            let plain = RpcRun {
+                tls: None,
+                ..run.clone()
+            };
+            match RpcBench::start(&plain) {
+                Ok(b) => {
+                    let url = b.url().to_owned();
+                    Some((Box::new(b), Kind::Plaintext, url))
+                }
+                Err(e) => {
+                    eprintln!("rpc-bench: {e}");
+                    return 1;
+                }
+            }
         }
         Some(Baseline::Perftest) | None => None,
     };

@@ -7,9 +7,10 @@
 //! kv-client --connect tcp://127.0.0.1:7471 scan PREFIX
 //! kv-client --connect tcp://127.0.0.1:7471 bench --calls 20000 --concurrency 8
 //! kv-client --connect tcp://127.0.0.1:7471 health kv.Kv
+//! kv-client --connect tcp://kv.example.com:7471 --tls-ca ca.pem get KEY
 //! ```
 
-use examples::cli::{fail, parse, take_opt};
+use examples::cli::{CLIENT_TLS_USAGE, client_tls, fail, parse, take_opt};
 use examples::kv::kv_client::KvClient;
 use examples::kv::{DeleteRequest, GetRequest, PutRequest, ScanRequest};
 use examples::workload;
@@ -33,11 +34,11 @@ fn main() {
     let timeout_ms: u64 =
         take_opt(&mut args, "--timeout-ms").map_or(10_000, |v| parse(&v, "--timeout-ms"));
     if args.is_empty() || args[0] == "--help" || args[0] == "-h" {
-        println!("{USAGE}");
+        println!("{USAGE}\n{CLIENT_TLS_USAGE}");
         return;
     }
-    let channel = Channel::builder(&connect)
-        .timeout(Duration::from_millis(timeout_ms))
+    let builder = Channel::builder(&connect).timeout(Duration::from_millis(timeout_ms));
+    let channel = client_tls(&mut args, builder)
         .connect()
         .unwrap_or_else(|status| {
             fail(&format!(

@@ -10,7 +10,7 @@
 //! 10) points of the database picked with seed `S` (default 1); RouteChat
 //! with six notes at three places.
 
-use examples::cli::{fail, parse, take_opt};
+use examples::cli::{CLIENT_TLS_USAGE, client_tls, fail, parse, take_opt};
 use examples::route_guide::{self, GRID_ORIGIN, GRID_STEP};
 use examples::routeguide::route_guide_client::RouteGuideClient;
 use examples::routeguide::{Point, Rectangle, RouteNote};
@@ -27,7 +27,7 @@ fn main() {
     examples::init_logging("warn");
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{USAGE}");
+        println!("{USAGE}\n{CLIENT_TLS_USAGE}");
         return;
     }
     let connect = take_opt(&mut args, "--connect").unwrap_or_else(|| fail(USAGE));
@@ -35,18 +35,19 @@ fn main() {
     let seed = take_opt(&mut args, "--seed").map_or(1, |v| parse(&v, "--seed"));
     let timeout_ms =
         take_opt(&mut args, "--timeout-ms").map_or(10_000, |v| parse(&v, "--timeout-ms"));
+    let builder = client_tls(
+        &mut args,
+        Channel::builder(&connect).timeout(Duration::from_millis(timeout_ms)),
+    );
     if !args.is_empty() {
         fail(&format!("unexpected arguments {args:?}\n{USAGE}"));
     }
-    let channel = Channel::builder(&connect)
-        .timeout(Duration::from_millis(timeout_ms))
-        .connect()
-        .unwrap_or_else(|status| {
-            fail(&format!(
-                "route-guide-client: cannot connect to {connect}: {}",
-                status.message()
-            ))
-        });
+    let channel = builder.connect().unwrap_or_else(|status| {
+        fail(&format!(
+            "route-guide-client: cannot connect to {connect}: {}",
+            status.message()
+        ))
+    });
     let client = RouteGuideClient::new(channel);
 
     let features = route_guide::features();

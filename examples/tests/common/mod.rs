@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unused_macros)]
 
+pub mod certs;
+
 use examples::echo::echo_server::{Echo, EchoServer};
 use examples::echo::{EchoReply, EchoRequest};
 use examples::kv::kv_server::KvServer;

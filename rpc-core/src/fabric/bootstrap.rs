@@ -13,6 +13,7 @@
 
 use crate::Code;
 use crate::auth::{Challenge, Credential, MAX_AUTH_LEN, NONCE_LEN};
+use crate::fabric::tls::{self, ClientTls, Session};
 use crate::fabric::{FabricError, FabricUrl, PeerRing};
 use crate::protocol::{HEADER_LEN, ring};
 use std::io::{Read, Write};
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
-const MAGIC: &[u8; 8] = b"RDMARPC\0";
+pub(crate) const MAGIC: &[u8; 8] = b"RDMARPC\0";
 const HELLO_VERSION: u16 = 5;
 
 /// Which fabric a handshake sets up (both sides must agree).
@@ -203,7 +204,9 @@ pub fn send(stream: &mut impl Write, hello: &Hello) -> Result<(), FabricError> {
     stream
         .write_all(&hello.encode())
         .and_then(|()| stream.flush())
-        .map_err(|e| FabricError::io("handshake send", e))
+        .map_err(|e| {
+            tls::client_failure(&e).unwrap_or_else(|| FabricError::io("handshake send", e))
+        })
 }
 
 /// A handshake message other than a hello: an 8-byte tag, then (except for
@@ -224,7 +227,7 @@ pub enum Record {
 const TAG_CHALLENGE: &[u8; 8] = b"RPCCHALL";
 const TAG_ANSWER: &[u8; 8] = b"RPCANSWR";
 const TAG_PROOF: &[u8; 8] = b"RPCPROOF";
-const TAG_REFUSED: &[u8; 8] = b"RPCREFUS";
+pub(crate) const TAG_REFUSED: &[u8; 8] = b"RPCREFUS";
 /// Longest refusal reason sent.
 const MAX_REASON: usize = 512;
 
@@ -299,15 +302,8 @@ pub fn client_exchange(
                     .map_err(|why| FabricError::protocol("handshake", why));
             }
             TAG_REFUSED => {
-                let mut head = [0u8; 4];
-                read_exact(stream, &mut head)?;
-                let mut why =
-                    vec![0u8; usize::from(u16::from_le_bytes([head[2], head[3]])).min(MAX_REASON)];
-                read_exact(stream, &mut why)?;
-                return Err(refused_by_server(
-                    Code::from_u16(u16::from(head[0])),
-                    &String::from_utf8_lossy(&why),
-                ));
+                let (code, why) = refusal_body(stream)?;
+                return Err(refused_by_server(code, &why));
             }
             TAG_CHALLENGE if answered.is_none() => {
                 let body = read_body(stream, NONCE_LEN)?;
@@ -356,12 +352,91 @@ pub fn client_exchange(
                     .map_err(|why| FabricError::refused(Code::Unauthenticated, "handshake", why))?;
                 proven = true;
             }
+            t if tls::is_tls_record(t) => {
+                return Err(FabricError::refused(
+                    Code::Unavailable,
+                    "handshake",
+                    "the server speaks TLS and this channel does not \
+                     (see ChannelBuilder::tls_config)",
+                ));
+            }
             _ => {
                 return Err(FabricError::protocol(
                     "handshake",
                     "peer is not an rdma-rpc endpoint (unexpected handshake message)",
                 ));
             }
+        }
+    }
+}
+
+/// A refusal record's code and reason, after its tag.
+fn refusal_body(stream: &mut impl Read) -> Result<(Code, String), FabricError> {
+    let mut head = [0u8; 4];
+    read_exact(stream, &mut head)?;
+    let mut why = vec![0u8; usize::from(u16::from_le_bytes([head[2], head[3]])).min(MAX_REASON)];
+    read_exact(stream, &mut why)?;
+    Ok((
+        Code::from_u16(u16::from(head[0])),
+        String::from_utf8_lossy(&why).into_owned(),
+    ))
+}
+
+/// A refusal record's code and reason, after its tag; `None` if what
+/// follows is not one.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+pub(crate) fn read_refusal(stream: &mut impl Read) -> Option<(Code, String)> {
+    refusal_body(stream).ok()
+}
+
+/// A handshake connection: the socket, and its TLS session if it has one.
+/// Reads and writes block (within the socket's timeouts) and go through
+/// TLS when there is a session.
+#[derive(Debug)]
+pub struct Link {
+    /// The TCP connection.
+    pub stream: TcpStream,
+    /// Its TLS state, when the connection uses TLS.
+    pub tls: Option<Session>,
+}
+
+impl Link {
+    /// A connection to the server at `url`, after the TLS handshake if
+    /// `tls` is given.
+    pub(crate) fn client(
+        mut stream: TcpStream,
+        tls: Option<&ClientTls>,
+        url: &FabricUrl,
+    ) -> Result<Link, FabricError> {
+        let tls = match tls {
+            Some(tls) => Some(tls::client_handshake(&mut stream, tls, url)?),
+            None => None,
+        };
+        Ok(Link { stream, tls })
+    }
+}
+
+impl Read for Link {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &mut self.tls {
+            None => self.stream.read(buf),
+            Some(s) => s.read_blocking(&self.stream, buf),
+        }
+    }
+}
+
+impl Write for Link {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &mut self.tls {
+            None => self.stream.write(buf),
+            Some(s) => s.write_blocking(&self.stream, buf).map(|()| buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.tls {
+            None => self.stream.flush(),
+            Some(s) => s.flush_blocking(&self.stream),
         }
     }
 }
@@ -419,7 +494,7 @@ fn read_exact(stream: &mut impl Read, b: &mut [u8]) -> Result<(), FabricError> {
         std::io::ErrorKind::UnexpectedEof => {
             FabricError::unreachable("handshake", "peer closed during the handshake")
         }
-        _ => FabricError::io("handshake recv", e),
+        _ => tls::client_failure(&e).unwrap_or_else(|| FabricError::io("handshake recv", e)),
     })
 }
 

@@ -106,6 +106,7 @@ pub(crate) fn connect<F: Fabric>(
                 max_message: 1024,
                 timeout: Duration::from_secs(10),
                 credential: None,
+                tls: None,
             };
             let mut c = server.accept(inc, local, scq).unwrap();
             c.qp.established().unwrap();
@@ -116,6 +117,7 @@ pub(crate) fn connect<F: Fabric>(
             max_message: 2048,
             timeout: Duration::from_secs(10),
             credential: None,
+            tls: None,
         };
         let c = client.connect(&url, local, ccq).unwrap();
         (srv.join().unwrap(), c)

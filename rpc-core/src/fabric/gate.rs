@@ -15,7 +15,8 @@
 #[cfg(feature = "testing")]
 pub mod fuzzing;
 
-use super::bootstrap::{self, ANSWER_HEAD, HELLO_LEN, Hello, HelloFabric, Record};
+use super::bootstrap::{self, ANSWER_HEAD, HELLO_LEN, Hello, HelloFabric, Link, Record};
+use super::tls::{self, ServerTls, Session};
 use crate::Code;
 use crate::auth::{Authenticator, Challenge, NONCE_LEN, random_nonce, verify_answer};
 use crate::fabric::{FabricError, FabricUrl};
@@ -41,6 +42,9 @@ pub struct Admission {
     pub max_pending: usize,
     /// Verifies clients; `None` admits anyone who speaks the protocol.
     pub authenticator: Option<Arc<dyn Authenticator>>,
+    /// TLS: every client must open with a TLS handshake, and everything
+    /// after it travels inside TLS. `None`: plaintext.
+    pub tls: Option<ServerTls>,
 }
 
 impl std::fmt::Debug for Admission {
@@ -49,6 +53,7 @@ impl std::fmt::Debug for Admission {
             .field("timeout", &self.timeout)
             .field("max_pending", &self.max_pending)
             .field("authenticated", &self.authenticator.is_some())
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -59,6 +64,7 @@ impl Default for Admission {
             timeout: Duration::from_secs(5),
             max_pending: default_max_pending(),
             authenticator: None,
+            tls: None,
         }
     }
 }
@@ -94,9 +100,13 @@ pub struct Admitted {
     /// The handshake connection: blocking, no delay, reads time out after
     /// the admission timeout.
     pub stream: TcpStream,
+    /// Its TLS session, on a server with TLS: it may hold decrypted bytes
+    /// the client sent after its hello, and encrypted ones not yet written.
+    pub tls: Option<Session>,
     /// The client's hello.
     pub hello: Hello,
-    /// The identity the authenticator admitted the client under.
+    /// The identity the authenticator admitted the client under, else the
+    /// name in its TLS certificate (mutual TLS).
     pub identity: Option<String>,
     /// The client's address.
     pub peer_addr: SocketAddr,
@@ -110,8 +120,22 @@ impl crate::fabric::Incoming for Admitted {
 
 impl Admitted {
     /// Tells the client why it is not taken, and closes.
-    pub fn refuse(self, code: Code, why: &str) {
-        refuse(&self.stream, self.peer_addr, code, why);
+    pub fn refuse(mut self, code: Code, why: &str) {
+        match &mut self.tls {
+            None => refuse(&self.stream, self.peer_addr, code, why),
+            Some(session) => {
+                tracing::warn!(peer = %self.peer_addr, %why, "connection refused");
+                tls::refuse(session, &self.stream, &Record::Refused(code, why.into()));
+            }
+        }
+    }
+
+    /// The handshake connection, with its TLS session if it has one.
+    pub fn into_link(self) -> Link {
+        Link {
+            stream: self.stream,
+            tls: self.tls,
+        }
     }
 }
 
@@ -231,6 +255,13 @@ enum Step {
 
 struct Pending {
     stream: TcpStream,
+    /// On a server with TLS: whether the client's first byte is still to
+    /// be looked at (it tells TLS from a plaintext hello).
+    sniff: bool,
+    /// The TLS session, once the client opened one.
+    tls: Option<Session>,
+    /// A plaintext hello at a server with TLS: read it, then refuse.
+    plain_at_tls: bool,
     peer: SocketAddr,
     serial: u64,
     deadline: Instant,
@@ -244,9 +275,18 @@ struct Pending {
 
 impl Pending {
     /// A handshake just accepted: waiting for the client's hello.
-    fn new(stream: TcpStream, peer: SocketAddr, serial: u64, deadline: Instant) -> Pending {
+    fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        serial: u64,
+        deadline: Instant,
+        tls: bool,
+    ) -> Pending {
         Pending {
             stream,
+            sniff: tls,
+            tls: None,
+            plain_at_tls: false,
             peer,
             serial,
             deadline,
@@ -267,6 +307,9 @@ enum Progress {
     Admit(Hello, Option<String>),
     /// Drop it, for this reason (refusing with a code if there is one).
     Drop(Option<Code>, String),
+    /// Drop it: its TLS handshake failed, for this reason (logged as a
+    /// warning; rustls's alert tells the client).
+    TlsFailed(String),
 }
 
 struct State {
@@ -365,11 +408,18 @@ impl State {
         }
         let entry = self.pending.vacant_entry();
         let key = entry.key();
-        if let Err(e) = self.poll.registry().register(
-            &mut SourceFd(&stream.as_raw_fd()),
-            Token(key),
-            Interest::READABLE,
-        ) {
+        // With TLS the server writes handshake messages too: the rare one
+        // the socket cannot take at once goes when it is writable.
+        let interest = if self.admission.tls.is_some() {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        if let Err(e) =
+            self.poll
+                .registry()
+                .register(&mut SourceFd(&stream.as_raw_fd()), Token(key), interest)
+        {
             tracing::warn!(%peer, error = %e, "cannot watch a handshake connection");
             return;
         }
@@ -379,6 +429,7 @@ impl State {
             peer,
             self.serial,
             Instant::now() + self.admission.timeout,
+            self.admission.tls.is_some(),
         ));
         self.order.push_back((key, self.serial));
         // Its hello may already be there: edge-triggered readiness reports
@@ -419,18 +470,60 @@ impl State {
         let Some(p) = self.pending.get_mut(key) else {
             return;
         };
-        let progress = read_more(p, self.fabric, self.admission.authenticator.as_deref());
+        if let Some(session) = &mut p.tls {
+            // What the socket could not take before.
+            if session.wants_write() && session.flush(&p.stream).is_err() {
+                let p = self.remove(key);
+                tracing::debug!(peer = %p.peer, "handshake failed: cannot write");
+                return;
+            }
+        }
+        let progress = read_more(
+            p,
+            self.fabric,
+            self.admission.authenticator.as_deref(),
+            self.admission.tls.as_ref(),
+        );
         match progress {
             Progress::Waiting => {}
             Progress::Drop(code, why) => {
-                let p = self.remove(key);
-                match code {
-                    Some(code) => refuse(&p.stream, p.peer, code, &why),
-                    None => tracing::debug!(peer = %p.peer, %why, "handshake failed"),
+                let mut p = self.remove(key);
+                match (code, &mut p.tls) {
+                    (Some(code), None) => {
+                        // Unread bytes would turn the close into a reset
+                        // that can overtake the refusal.
+                        drain(&p.stream);
+                        refuse(&p.stream, p.peer, code, &why);
+                    }
+                    (Some(code), Some(session)) => {
+                        tracing::warn!(peer = %p.peer, %why, "connection refused");
+                        let record = Record::Refused(code, why).encode();
+                        tls::send_nonblocking(session, &p.stream, &record);
+                        session.close_notify();
+                        let _ = session.flush(&p.stream);
+                    }
+                    (None, _) => tracing::debug!(peer = %p.peer, %why, "handshake failed"),
                 }
             }
+            Progress::TlsFailed(why) => {
+                let mut p = self.remove(key);
+                tracing::warn!(peer = %p.peer, %why, "connection refused");
+                // The alert rustls raised tells the client why (and what
+                // the client sent meanwhile is read, so that the close is
+                // not a reset that could overtake the alert).
+                if let Some(session) = &mut p.tls {
+                    let _ = session.flush(&p.stream);
+                }
+                drain(&p.stream);
+            }
             Progress::Admit(hello, identity) => {
-                let p = self.remove(key);
+                let mut p = self.remove(key);
+                if let Some(session) = &mut p.tls {
+                    // What the socket takes now; the rest goes with the
+                    // next write through the session.
+                    let _ = session.flush(&p.stream);
+                }
+                let identity = identity.or_else(|| p.tls.as_ref().and_then(Session::peer_identity));
                 let set_up = p
                     .stream
                     .set_nonblocking(false)
@@ -441,6 +534,7 @@ impl State {
                 }
                 let admitted = Admitted {
                     stream: p.stream,
+                    tls: p.tls,
                     hello,
                     identity,
                     peer_addr: p.peer,
@@ -459,12 +553,45 @@ impl State {
 }
 
 /// Reads what a pending handshake has for us and moves it on.
-fn read_more(p: &mut Pending, fabric: HelloFabric, auth: Option<&dyn Authenticator>) -> Progress {
+fn read_more(
+    p: &mut Pending,
+    fabric: HelloFabric,
+    auth: Option<&dyn Authenticator>,
+    tls: Option<&ServerTls>,
+) -> Progress {
+    if p.sniff {
+        // The first byte tells a TLS handshake (0x16) from our plaintext
+        // hello: a plaintext client is read and then told, in plaintext,
+        // that TLS is required.
+        let mut first = [0u8; 1];
+        loop {
+            match p.stream.peek(&mut first) {
+                Ok(0) => return Progress::Drop(None, "peer closed during the handshake".into()),
+                Ok(_) => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Progress::Waiting,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Progress::Drop(None, format!("handshake read failed: {e}")),
+            }
+        }
+        p.sniff = false;
+        if first[0] == bootstrap::MAGIC[0] {
+            p.plain_at_tls = true;
+        } else if let Some(tls) = tls {
+            match Session::server(tls) {
+                Ok(session) => p.tls = Some(session),
+                Err(why) => return Progress::Drop(None, why),
+            }
+        }
+    }
     loop {
         while p.buf.len() < p.need {
             let have = p.buf.len();
             p.buf.resize(p.need, 0);
-            match (&p.stream).read(&mut p.buf[have..]) {
+            let read = match &mut p.tls {
+                None => (&p.stream).read(&mut p.buf[have..]),
+                Some(session) => session.read_nonblocking(&p.stream, &mut p.buf[have..]),
+            };
+            match read {
                 Ok(0) => return Progress::Drop(None, "peer closed during the handshake".into()),
                 Ok(n) => p.buf.truncate(have + n),
                 Err(e) => {
@@ -472,6 +599,12 @@ fn read_more(p: &mut Pending, fabric: HelloFabric, auth: Option<&dyn Authenticat
                     match e.kind() {
                         ErrorKind::WouldBlock => return Progress::Waiting,
                         ErrorKind::Interrupted => {}
+                        ErrorKind::UnexpectedEof => {
+                            return Progress::Drop(None, "peer closed during the handshake".into());
+                        }
+                        _ if p.tls.is_some() => {
+                            return Progress::TlsFailed(tls::server_failure(&e));
+                        }
                         _ => return Progress::Drop(None, format!("handshake read failed: {e}")),
                     }
                 }
@@ -480,6 +613,12 @@ fn read_more(p: &mut Pending, fabric: HelloFabric, auth: Option<&dyn Authenticat
         match p.step {
             Step::Hello => {
                 p.hello.copy_from_slice(&p.buf);
+                if p.plain_at_tls {
+                    return Progress::Drop(Some(Code::Unavailable), tls::REQUIRES_TLS.into());
+                }
+                if tls.is_none() && tls::looks_like_tls(&p.hello) {
+                    return Progress::Drop(Some(Code::Unavailable), tls::NO_TLS.into());
+                }
                 let hello = match Hello::decode(&p.hello, fabric) {
                     Ok(h) => h,
                     Err(why) => return Progress::Drop(None, why),
@@ -491,7 +630,7 @@ fn read_more(p: &mut Pending, fabric: HelloFabric, auth: Option<&dyn Authenticat
                     Ok(n) => n,
                     Err(why) => return Progress::Drop(Some(Code::Internal), why),
                 };
-                if !send_all(&p.stream, &Record::Challenge(p.nonce).encode()) {
+                if !send(p, &Record::Challenge(p.nonce).encode()) {
                     return Progress::Drop(None, "cannot send the challenge".into());
                 }
                 p.step = Step::AnswerHead(hello);
@@ -517,7 +656,7 @@ fn read_more(p: &mut Pending, fabric: HelloFabric, auth: Option<&dyn Authenticat
                     Ok(v) => v,
                     Err(why) => return Progress::Drop(Some(Code::Unauthenticated), why),
                 };
-                if !send_all(&p.stream, &Record::Proof(verified.proof).encode()) {
+                if !send(p, &Record::Proof(verified.proof).encode()) {
                     return Progress::Drop(None, "cannot send the proof".into());
                 }
                 return Progress::Admit(hello, Some(verified.identity));
@@ -538,6 +677,26 @@ fn refuse(stream: &TcpStream, peer: SocketAddr, code: Code, why: &str) {
 /// buffer always has room for it, so a short write means a broken peer.
 fn send_all(stream: &TcpStream, bytes: &[u8]) -> bool {
     matches!((&*stream).write(bytes), Ok(n) if n == bytes.len())
+}
+
+/// Writes a handshake record to a pending connection, through its TLS
+/// session if it has one.
+fn send(p: &mut Pending, bytes: &[u8]) -> bool {
+    match &mut p.tls {
+        None => send_all(&p.stream, bytes),
+        Some(session) => tls::send_nonblocking(session, &p.stream, bytes),
+    }
+}
+
+/// Reads and drops what a nonblocking connection has already received.
+fn drain(stream: &TcpStream) {
+    let mut sink = [0u8; 4096];
+    for _ in 0..4 {
+        match (&*stream).read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -598,6 +757,7 @@ mod tests {
             timeout: Duration::from_millis(300),
             max_pending: 4,
             authenticator: None,
+            tls: None,
         });
         let mut idle: Vec<TcpStream> = (0..10).map(|_| connect(&g)).collect();
         let mut s = connect(&g);

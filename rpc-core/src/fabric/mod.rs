@@ -26,6 +26,7 @@ pub mod bootstrap;
 pub(crate) mod bootstrap;
 pub(crate) mod gate;
 pub mod soft;
+pub mod tls;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
@@ -35,6 +36,7 @@ mod url;
 pub(crate) mod conformance;
 
 pub use gate::Admission;
+pub use tls::{ClientTls, ServerTls};
 pub use url::{FabricUrl, Scheme};
 
 use std::fmt;
@@ -201,6 +203,9 @@ pub struct LocalSetup<'a, R> {
     /// What the client presents to a server that asks for a credential
     /// (and requires the server to prove itself with); unused on accept.
     pub credential: Option<std::sync::Arc<dyn crate::auth::Credential>>,
+    /// TLS for the client's connection (tcp://, and the rdma:// handshake);
+    /// unused on accept and on mem://.
+    pub tls: Option<tls::ClientTls>,
 }
 
 impl<R: fmt::Debug> fmt::Debug for LocalSetup<'_, R> {
@@ -210,6 +215,7 @@ impl<R: fmt::Debug> fmt::Debug for LocalSetup<'_, R> {
             .field("max_message", &self.max_message)
             .field("timeout", &self.timeout)
             .field("credential", &self.credential.is_some())
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }

@@ -135,6 +135,7 @@ impl FakePeer {
             max_message,
             timeout: Duration::from_secs(1),
             credential: None,
+            tls: None,
         };
         let (client, server) = self.fabric.connect_pair(
             (&self.cq, setup(&self.ring, client_max)),

@@ -107,7 +107,13 @@ pub fn handshake(
     client_side.set_nonblocking(true)?;
     // The gate needs only a connected stream socket's reads and writes.
     let stream = TcpStream::from(OwnedFd::from(gate_side));
-    let mut p = Pending::new(stream, PEER, 1, Instant::now() + Duration::from_secs(5));
+    let mut p = Pending::new(
+        stream,
+        PEER,
+        1,
+        Instant::now() + Duration::from_secs(5),
+        false,
+    );
     let piece = if client.piece == 0 {
         usize::MAX
     } else {
@@ -146,7 +152,7 @@ pub fn handshake(
             ended = true;
             let _ = client_side.shutdown(Shutdown::Write);
         }
-        let progress = read_more(&mut p, HelloFabric::Tcp, authenticator);
+        let progress = read_more(&mut p, HelloFabric::Tcp, authenticator, None);
         read_all(&client_side, &mut sent);
         match progress {
             Progress::Waiting => {}
@@ -155,7 +161,7 @@ pub fn handshake(
                 refuse(&p.stream, p.peer, code, &why);
                 break Outcome::Refused { code, why };
             }
-            Progress::Drop(None, why) => break Outcome::Dropped(why),
+            Progress::Drop(None, why) | Progress::TlsFailed(why) => break Outcome::Dropped(why),
         }
     };
     drop(p);

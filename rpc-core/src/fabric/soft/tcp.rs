@@ -23,8 +23,9 @@
 //! allocated on a peer's say-so.
 
 use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
-use crate::fabric::bootstrap::{self, Hello, HelloFabric};
+use crate::fabric::bootstrap::{self, Hello, HelloFabric, Link};
 use crate::fabric::gate::Admitted;
+use crate::fabric::tls::Session;
 use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
     WcStatus, WriteImm,
@@ -135,6 +136,11 @@ pub(crate) struct TcpIo {
     /// Connections closed with bytes still to flush (see [`TcpIo::close`]).
     closing: Mutex<Vec<(usize, Instant)>>,
     has_closing: AtomicBool,
+    /// TLS connections just registered: their session may already hold
+    /// bytes the socket will never report again (decrypted during the
+    /// handshake, or not yet written), so the next poll services them.
+    kicked: Mutex<Vec<usize>>,
+    has_kicked: AtomicBool,
 }
 
 /// What only the thread reading the sockets touches.
@@ -171,6 +177,8 @@ impl TcpIo {
             live: AtomicUsize::new(0),
             closing: Mutex::new(Vec::new()),
             has_closing: AtomicBool::new(false),
+            kicked: Mutex::new(Vec::new()),
+            has_kicked: AtomicBool::new(false),
         })
     }
 
@@ -197,8 +205,18 @@ impl TcpIo {
                 Interest::READABLE | Interest::WRITABLE,
             )
             .map_err(|e| FabricError::io("epoll_ctl(ADD)", e))?;
+        let tls = conn.tls;
         entry.insert(conn);
         self.live.fetch_add(1, Ordering::Release);
+        drop(conns);
+        if tls {
+            self.kicked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(key);
+            self.has_kicked.store(true, Ordering::Release);
+            self.wake();
+        }
         Ok(key)
     }
 
@@ -227,7 +245,14 @@ impl TcpIo {
         let flushed = {
             let mut tx = conn.tx();
             tx.closing = true;
-            tx.unsent() == 0 || tx.failed
+            if !tx.failed {
+                if let Some(session) = &mut tx.tls {
+                    // The peer learns that the end is ours, not a cut.
+                    session.close_notify();
+                    let _ = session.flush(&conn.stream);
+                }
+            }
+            tx.flushed() || tx.failed
         };
         if flushed {
             self.remove(key, conn);
@@ -291,6 +316,14 @@ impl TcpIo {
             let writable = ev.is_writable() || ev.is_write_closed();
             self.service(ev.token().0, readable, writable, scratch, cq, again_next);
         }
+        if self.has_kicked.load(Ordering::Acquire) {
+            let kicked =
+                std::mem::take(&mut *self.kicked.lock().unwrap_or_else(|e| e.into_inner()));
+            self.has_kicked.store(false, Ordering::Release);
+            for key in kicked {
+                self.service(key, true, true, scratch, cq, again_next);
+            }
+        }
         std::mem::swap(again, again_next);
         again.sort_unstable();
         again.dedup();
@@ -325,7 +358,7 @@ impl TcpIo {
         if conn.tx().closing {
             let flushed = {
                 let tx = conn.tx();
-                tx.unsent() == 0 || tx.failed
+                tx.flushed() || tx.failed
             };
             if flushed {
                 self.remove(key, &conn);
@@ -377,11 +410,20 @@ struct TxQueue {
     closing: bool,
     /// The socket failed: nothing more is written.
     failed: bool,
+    /// The connection's TLS session, if it uses TLS: then everything
+    /// posted is encrypted into it at once and waits there for the socket
+    /// (`bytes` stays empty), and the reader decrypts through it too.
+    tls: Option<Session>,
 }
 
 impl TxQueue {
     fn unsent(&self) -> usize {
         self.bytes.len() - self.sent
+    }
+
+    /// Whether everything posted has been written to the socket.
+    fn flushed(&self) -> bool {
+        self.unsent() == 0 && !self.tls.as_ref().is_some_and(Session::wants_write)
     }
 }
 
@@ -428,6 +470,9 @@ pub(super) struct TcpConn {
     stream: TcpStream,
     /// Shared with the [`SoftQp`]: set when either side fails or closes it.
     dead: Arc<AtomicBool>,
+    /// Whether the connection runs over TLS (its session is in `tx`).
+    /// Lock order: `rx`, then `tx`, then a ring's bytes.
+    tls: bool,
     rx: Mutex<Rx>,
     tx: Mutex<TxQueue>,
 }
@@ -472,6 +517,13 @@ impl TcpConn {
         if tx.failed || tx.closing {
             return Err(());
         }
+        if let Some(session) = &mut tx.tls {
+            if session.queue(bufs).is_ok() && session.flush(&self.stream).is_ok() {
+                return Ok(());
+            }
+            tx.failed = true;
+            return Err(());
+        }
         let written = if tx.unsent() == 0 {
             match write_nonblocking(&self.stream, bufs) {
                 Ok(n) => n,
@@ -499,7 +551,18 @@ impl TcpConn {
     /// Writes what is queued, as far as the socket takes it.
     fn flush(&self) {
         let mut tx = self.tx();
-        if tx.failed || tx.unsent() == 0 {
+        if tx.failed {
+            return;
+        }
+        if let Some(session) = &mut tx.tls {
+            if session.flush(&self.stream).is_err() {
+                tx.failed = true;
+                drop(tx);
+                self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, None);
+            }
+            return;
+        }
+        if tx.unsent() == 0 {
             return;
         }
         let TxQueue { bytes, sent, .. } = &mut *tx;
@@ -553,30 +616,42 @@ impl TcpConn {
         }
     }
 
-    /// Reads what the socket has, up to the read budget.
-    fn read_ready(&self, scratch: &mut [u8], cq: &CqInner) -> ReadOutcome {
-        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+    /// Where a read picks up: `Some` if the connection is over or still
+    /// stalled, after bytes left over from a stall.
+    fn resume(&self, rx: &mut Rx, cq: &CqInner) -> Option<ReadOutcome> {
         if matches!(rx.state, RxState::Done) {
-            return ReadOutcome::Closed;
+            return Some(ReadOutcome::Closed);
         }
         // Bytes left over from a stall come first.
         if let RxState::Stalled { .. } = rx.state {
-            match self.retry_stalled(&mut rx, cq) {
+            match self.retry_stalled(rx, cq) {
                 Step::Go => {}
-                Step::Wait => return ReadOutcome::More,
-                Step::Stop => return ReadOutcome::Closed,
+                Step::Wait => return Some(ReadOutcome::More),
+                Step::Stop => return Some(ReadOutcome::Closed),
             }
         }
         if !rx.carry.is_empty() {
             let carry = std::mem::take(&mut rx.carry);
-            match self.parse(&mut rx, &carry, cq) {
+            match self.parse(rx, &carry, cq) {
                 Parsed::All => {}
                 Parsed::Stalled(rest) => {
                     rx.carry = carry[carry.len() - rest..].to_vec();
-                    return ReadOutcome::More;
+                    return Some(ReadOutcome::More);
                 }
-                Parsed::Stop => return ReadOutcome::Closed,
+                Parsed::Stop => return Some(ReadOutcome::Closed),
             }
+        }
+        None
+    }
+
+    /// Reads what the socket has, up to the read budget.
+    fn read_ready(&self, scratch: &mut [u8], cq: &CqInner) -> ReadOutcome {
+        if self.tls {
+            return self.read_ready_tls(scratch, cq);
+        }
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(outcome) = self.resume(&mut rx, cq) {
+            return outcome;
         }
         let mut budget = READ_BUDGET;
         loop {
@@ -643,6 +718,121 @@ impl TcpConn {
                     self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
                     return ReadOutcome::Closed;
                 }
+            }
+        }
+    }
+
+    /// [`TcpConn::read_ready`] over TLS: rustls reads and decrypts the
+    /// socket's bytes, and the plaintext goes through the same state
+    /// machine and bounds checks; a payload with at least [`DIRECT_READ`]
+    /// bytes to come is copied from rustls straight into its ring. The
+    /// budget counts the bytes read from the socket.
+    fn read_ready_tls(&self, scratch: &mut [u8], cq: &CqInner) -> ReadOutcome {
+        /// What one look at the session found.
+        enum Got {
+            /// Plaintext, placed in the ring (`true`) or in `scratch`.
+            Bytes(usize, bool),
+            /// Ciphertext read from the socket: look again.
+            Again,
+            /// The socket is empty.
+            Drained,
+            /// The budget is spent: read again at the next poll.
+            Budget,
+            /// The connection is over (why, if it failed).
+            Ended(Option<String>),
+        }
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(outcome) = self.resume(&mut rx, cq) {
+            return outcome;
+        }
+        let mut budget = READ_BUDGET;
+        loop {
+            let direct = match &rx.state {
+                RxState::Payload(w) if w.len - w.have >= DIRECT_READ => w.target.clone(),
+                _ => None,
+            };
+            let got = {
+                let mut tx = self.tx();
+                let Some(session) = &mut tx.tls else {
+                    unreachable!("a TLS connection has a session")
+                };
+                let read = match &direct {
+                    Some((region, start)) => {
+                        let RxState::Payload(w) = &mut rx.state else {
+                            unreachable!("checked above")
+                        };
+                        let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
+                        let r = session.read_plaintext(&mut bytes[start + w.have..start + w.len]);
+                        if let Ok(n) = r {
+                            w.have += n;
+                        }
+                        r.map(|n| (n, true))
+                    }
+                    None => session.read_plaintext(scratch).map(|n| (n, false)),
+                };
+                match read {
+                    Ok((0, _)) => Got::Ended(None), // the peer's close_notify
+                    Ok((n, direct)) => Got::Bytes(n, direct),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        // Nothing decrypted is left: read the socket.
+                        let r = session.read_tls(&self.stream);
+                        // Alerts and key updates rustls answers with.
+                        let _ = session.flush(&self.stream);
+                        match r {
+                            Ok(0) => Got::Ended(None),
+                            Ok(n) => {
+                                budget = budget.saturating_sub(n);
+                                if budget == 0 { Got::Budget } else { Got::Again }
+                            }
+                            Err(e) if e.kind() == ErrorKind::WouldBlock => Got::Drained,
+                            Err(e) if e.kind() == ErrorKind::Interrupted => Got::Again,
+                            Err(e) if e.kind() == ErrorKind::InvalidData => {
+                                Got::Ended(Some(e.to_string()))
+                            }
+                            Err(_) => Got::Ended(None),
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::UnexpectedEof => Got::Ended(None),
+                    Err(e) => Got::Ended(Some(e.to_string())),
+                }
+            };
+            match got {
+                Got::Again => {}
+                Got::Drained => return ReadOutcome::Drained,
+                Got::Budget => return ReadOutcome::More,
+                Got::Ended(why) => {
+                    if let Some(why) = why {
+                        tracing::warn!(qp_num = self.qp_num, %why, "closing connection: TLS failed");
+                    }
+                    // Peer gone (or we closed: then `dead` is set and nothing is pushed).
+                    rx.state = RxState::Done;
+                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
+                    return ReadOutcome::Closed;
+                }
+                Got::Bytes(_, true) => {
+                    if let RxState::Payload(w) = &rx.state {
+                        if w.have == w.len {
+                            let RxState::Payload(w) =
+                                std::mem::replace(&mut rx.state, RxState::Done)
+                            else {
+                                unreachable!("checked above")
+                            };
+                            match self.complete(&mut rx, w, cq, None) {
+                                Step::Go => {}
+                                Step::Wait => return ReadOutcome::More,
+                                Step::Stop => return ReadOutcome::Closed,
+                            }
+                        }
+                    }
+                }
+                Got::Bytes(n, false) => match self.parse(&mut rx, &scratch[..n], cq) {
+                    Parsed::All => {}
+                    Parsed::Stalled(rest) => {
+                        rx.carry = scratch[n - rest..n].to_vec();
+                        return ReadOutcome::More;
+                    }
+                    Parsed::Stop => return ReadOutcome::Closed,
+                },
             }
         }
     }
@@ -1018,18 +1208,19 @@ pub(super) fn connect(
     url: &FabricUrl,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
-    let mut stream = bootstrap::dial(url, local.timeout)?;
+    let stream = bootstrap::dial(url, local.timeout)?;
     let qp_num = next_qp_num();
     setup(&stream, local.timeout)?;
+    let mut link = Link::client(stream, local.tls.as_ref(), url)?;
     let hello = local_hello(qp_num, &local);
-    bootstrap::send(&mut stream, &hello)?;
+    bootstrap::send(&mut link, &hello)?;
     let peer = bootstrap::client_exchange(
-        &mut stream,
+        &mut link,
         &hello,
         HelloFabric::Tcp,
         local.credential.as_deref(),
     )?;
-    finish(ctx, cq, stream, qp_num, local.ring.binding(), peer, None)
+    finish(ctx, cq, link, qp_num, local.ring.binding(), peer, None)
 }
 
 pub(super) fn accept(
@@ -1040,14 +1231,15 @@ pub(super) fn accept(
 ) -> Result<Connected<SoftQp>, FabricError> {
     let qp_num = next_qp_num();
     let hello = local_hello(qp_num, &local);
+    let (peer, identity) = (admitted.hello, admitted.identity.clone());
     finish(
         ctx,
         cq,
-        admitted.stream,
+        admitted.into_link(),
         qp_num,
         local.ring.binding(),
-        admitted.hello,
-        Some((hello, admitted.identity)),
+        peer,
+        Some((hello, identity)),
     )
 }
 
@@ -1063,7 +1255,7 @@ fn setup(stream: &TcpStream, timeout: Duration) -> Result<(), FabricError> {
 fn finish(
     ctx: &Arc<Ctx>,
     cq: &Arc<CqInner>,
-    stream: TcpStream,
+    link: Link,
     qp_num: u32,
     ring: Weak<RegionInner>,
     peer: Hello,
@@ -1071,6 +1263,7 @@ fn finish(
 ) -> Result<Connected<SoftQp>, FabricError> {
     // Server side: the hello to send once established, and who the peer is.
     let (pending_hello, identity) = accepted.map_or((None, None), |(h, id)| (Some(h), id));
+    let Link { stream, tls } = link;
     stream
         .set_read_timeout(None)
         .map_err(|e| FabricError::io("set_read_timeout", e))?;
@@ -1089,6 +1282,7 @@ fn finish(
         ctx: ctx.clone(),
         stream,
         dead: dead.clone(),
+        tls: tls.is_some(),
         rx: Mutex::new(Rx {
             state: RxState::Head {
                 head: [0; WRITE_HEADER],
@@ -1096,7 +1290,10 @@ fn finish(
             },
             carry: Vec::new(),
         }),
-        tx: Mutex::new(TxQueue::default()),
+        tx: Mutex::new(TxQueue {
+            tls,
+            ..TxQueue::default()
+        }),
     });
     let key = cq.io()?.register(conn.clone())?;
     Ok(Connected {

@@ -109,6 +109,7 @@ fn connecting_to_nothing_fails_clearly() {
         max_message: 1024,
         timeout: Duration::from_secs(2),
         credential: None,
+        tls: None,
     };
     let cq = f.create_cq().unwrap();
     let e = f
@@ -151,6 +152,7 @@ fn a_peer_that_is_not_rdma_rpc_fails_the_handshake() {
         max_message: 1024,
         timeout: Duration::from_secs(2),
         credential: None,
+        tls: None,
     };
     let cq = f.create_cq().unwrap();
     let e = f

@@ -61,10 +61,10 @@ use super::{
     FabricErrorKind, FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus,
     WriteImm,
 };
-use crate::fabric::bootstrap::{self, Hello, HelloFabric};
+use crate::fabric::bootstrap::{self, Hello, HelloFabric, Link};
 use crate::fabric::gate::{Admitted, Gate};
 use std::collections::{HashMap, VecDeque};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -289,7 +289,7 @@ impl Fabric for VerbsFabric {
         local: LocalSetup<'_, VerbsRegion>,
         cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
-        let mut stream = bootstrap::dial(url, local.timeout)?;
+        let stream = bootstrap::dial(url, local.timeout)?;
         stream
             .set_nodelay(true)
             .map_err(|e| FabricError::io("set_nodelay", e))?;
@@ -297,22 +297,25 @@ impl Fabric for VerbsFabric {
             .set_read_timeout(Some(local.timeout))
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
         let deadline = std::time::Instant::now() + local.timeout;
+        // TLS, if asked, before anything of ours crosses the wire: the
+        // hellos carry the rings' addresses and keys.
+        let mut link = Link::client(stream, local.tls.as_ref(), url)?;
         let mut qp = self.new_qp(cq)?;
         let window = self.window(local.ring)?;
         let psn = random_psn();
         // The window's rkey is known before its bind: the server writes to
         // it only after our first write, which follows the bind.
         let hello = self.hello(&qp.qp, psn, &local, window.as_ref());
-        bootstrap::send(&mut stream, &hello)?;
+        bootstrap::send(&mut link, &hello)?;
         let peer = bootstrap::client_exchange(
-            &mut stream,
+            &mut link,
             &hello,
             HelloFabric::Rdma,
             local.credential.as_deref(),
         )?;
         self.connect_qp(&qp.qp, psn, &peer)?;
         let window = self.bind(&mut qp, window, cq, deadline)?;
-        self.finish(stream, qp, window, peer, None, None)
+        self.finish(link, qp, window, peer, None, None)
     }
 
     fn accept(
@@ -323,6 +326,7 @@ impl Fabric for VerbsFabric {
     ) -> Result<Connected<VerbsQp>, FabricError> {
         let deadline = std::time::Instant::now() + local.timeout;
         let peer = admitted.hello;
+        let identity = admitted.identity.clone();
         let mut qp = self.new_qp(cq)?;
         let psn = random_psn();
         self.connect_qp(&qp.qp, psn, &peer)?;
@@ -332,12 +336,12 @@ impl Fabric for VerbsFabric {
         let window = self.bind(&mut qp, window, cq, deadline)?;
         let hello = self.hello(&qp.qp, psn, &local, window.as_ref());
         self.finish(
-            admitted.stream,
+            admitted.into_link(),
             qp,
             window,
             peer,
             Some(hello),
-            admitted.identity,
+            identity,
         )
     }
 }

@@ -189,7 +189,7 @@ impl VerbsFabric {
 
     pub(super) fn finish(
         &self,
-        stream: TcpStream,
+        link: Link,
         qp: LiveQp,
         window: Option<Mw>,
         peer: Hello,
@@ -197,12 +197,13 @@ impl VerbsFabric {
         identity: Option<String>,
     ) -> Result<Connected<VerbsQp>, FabricError> {
         let side = qp.side.clone();
+        let stream = &link.stream;
         stream
             .set_read_timeout(None)
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
         // The side channel stays idle: keepalive notices a vanished host
         // there; heartbeats on the queue pair itself notice it sooner.
-        set_keepalive(&stream)?;
+        set_keepalive(stream)?;
         let peer_addr = stream
             .peer_addr()
             .map(|a| a.to_string())
@@ -210,12 +211,12 @@ impl VerbsFabric {
         let watched = self
             .inner
             .liveness
-            .watch(&stream, side, qp.qp_num(), qp.incarnation)?;
+            .watch(stream, side, qp.qp_num(), qp.incarnation)?;
         Ok(Connected {
             qp: VerbsQp {
                 _window: window,
                 qp,
-                stream,
+                link,
                 pending,
                 _watched: watched,
             },
@@ -246,7 +247,9 @@ pub struct VerbsQp {
     /// for it forever.
     pub(super) _window: Option<Mw>,
     pub(super) qp: LiveQp,
-    pub(super) stream: TcpStream,
+    /// The handshake connection (with its TLS session, if it uses TLS):
+    /// it carries the server's hello, then only the end of the connection.
+    pub(super) link: Link,
     pub(super) pending: Option<Hello>,
     /// Watching `stream` for the peer's end; stops when dropped.
     pub(super) _watched: Watched,
@@ -343,7 +346,7 @@ impl QueuePair for VerbsQp {
 
     fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending.take() {
-            bootstrap::send(&mut self.stream, &hello)?;
+            bootstrap::send(&mut self.link, &hello)?;
         }
         Ok(())
     }
@@ -355,6 +358,6 @@ impl Drop for VerbsQp {
         // nothing; the queue pair itself is destroyed after this (field drop).
         self.qp.retire();
         // The peer's watcher sees EOF: its side of the connection fails now.
-        let _ = self.stream.shutdown(Shutdown::Both);
+        let _ = self.link.stream.shutdown(Shutdown::Both);
     }
 }

@@ -155,6 +155,7 @@ impl Harness {
             // writes and shutdown.
             stream: TcpStream::from(OwnedFd::from(ours)),
             dead: Arc::new(AtomicBool::new(false)),
+            tls: false,
             rx: Mutex::new(Rx {
                 state: RxState::Head {
                     head: [0; WRITE_HEADER],
@@ -213,7 +214,7 @@ impl Harness {
             conn.flush();
             read_all(&theirs, &mut out.sent_back);
             let tx = conn.tx();
-            if tx.unsent() == 0 || tx.failed {
+            if tx.flushed() || tx.failed {
                 break;
             }
         }
