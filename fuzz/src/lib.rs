@@ -355,11 +355,11 @@ const SETTLE: usize = 64;
 /// that says so (bit 3: its first header's ack becomes the client's
 /// credit); 1 writes them at `offset` of the ring with `imm`; 2 sends a
 /// zero-length doorbell, the client's credit (bit 3: `imm`); 3 writes
-/// nothing. The server's dispatcher turns after the step if op's bit 2 is
-/// set or op is 3, and at the end until it settles; then the client goes
-/// away, and the server must drop every trace of it. Nothing may panic,
-/// and every frame the server sends must pass the client's receiver (see
-/// `rpc_core::testing::server`).
+/// nothing (and the dispatcher turns). The dispatcher turns after a step
+/// whose op has bit 2 set, and at the end until it settles; then the
+/// client goes away, and the server must drop every trace of it. Nothing
+/// may panic, and every frame the server sends must pass the client's
+/// receiver (see `rpc_core::testing::server`).
 pub fn server(data: &[u8]) {
     thread_local! {
         static PEER: RefCell<Option<FakePeer>> = const { RefCell::new(None) };
