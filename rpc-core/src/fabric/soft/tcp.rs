@@ -504,6 +504,37 @@ fn write_nonblocking(stream: &TcpStream, bufs: &[IoSlice<'_>]) -> Result<usize, 
 }
 
 impl TcpConn {
+    /// A connection on `stream`, its reader waiting for a write's header;
+    /// over TLS if it has a `tls` session.
+    pub(super) fn new(
+        qp_num: u32,
+        ring: Weak<RegionInner>,
+        ctx: Arc<Ctx>,
+        stream: TcpStream,
+        dead: Arc<AtomicBool>,
+        tls: Option<Session>,
+    ) -> TcpConn {
+        TcpConn {
+            qp_num,
+            ring,
+            ctx,
+            stream,
+            dead,
+            tls: tls.is_some(),
+            rx: Mutex::new(Rx {
+                state: RxState::Head {
+                    head: [0; WRITE_HEADER],
+                    have: 0,
+                },
+                carry: Vec::new(),
+            }),
+            tx: Mutex::new(TxQueue {
+                tls,
+                ..TxQueue::default()
+            }),
+        }
+    }
+
     fn tx(&self) -> MutexGuard<'_, TxQueue> {
         self.tx.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1276,25 +1307,14 @@ fn finish(
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     let dead = Arc::new(AtomicBool::new(false));
-    let conn = Arc::new(TcpConn {
+    let conn = Arc::new(TcpConn::new(
         qp_num,
         ring,
-        ctx: ctx.clone(),
+        ctx.clone(),
         stream,
-        dead: dead.clone(),
-        tls: tls.is_some(),
-        rx: Mutex::new(Rx {
-            state: RxState::Head {
-                head: [0; WRITE_HEADER],
-                have: 0,
-            },
-            carry: Vec::new(),
-        }),
-        tx: Mutex::new(TxQueue {
-            tls,
-            ..TxQueue::default()
-        }),
-    });
+        dead.clone(),
+        tls,
+    ));
     let key = cq.io()?.register(conn.clone())?;
     Ok(Connected {
         qp: SoftQp {

@@ -4,10 +4,7 @@
 //! bounds checks and completions, over a local socket pair, one connection
 //! per run. For the fuzz targets and tests.
 
-use super::{
-    ACK_LEN, NAK_LEN, ReadOutcome, Rx, RxState, SCRATCH, TAG_ACK, TAG_NAK, TcpConn, TxQueue,
-    WRITE_HEADER,
-};
+use super::{ACK_LEN, NAK_LEN, ReadOutcome, SCRATCH, TAG_ACK, TAG_NAK, TcpConn};
 use crate::fabric::soft::{CqInner, Ctx, RegionInner, SoftCq, SoftRegion};
 use crate::fabric::{Completion, CompletionKind, WcStatus, WriteImm};
 use crate::pages::Pages;
@@ -147,24 +144,16 @@ impl Harness {
         };
         ctx.srq
             .store(u64::from(options.receives), Ordering::Release);
-        let conn = TcpConn {
-            qp_num: QP_NUM,
-            ring: Arc::downgrade(&self.ring),
-            ctx: ctx.clone(),
-            // The reader needs only a connected stream socket's reads,
-            // writes and shutdown.
-            stream: TcpStream::from(OwnedFd::from(ours)),
-            dead: Arc::new(AtomicBool::new(false)),
-            tls: false,
-            rx: Mutex::new(Rx {
-                state: RxState::Head {
-                    head: [0; WRITE_HEADER],
-                    have: 0,
-                },
-                carry: Vec::new(),
-            }),
-            tx: Mutex::new(TxQueue::default()),
-        };
+        // The reader needs only a connected stream socket's reads, writes
+        // and shutdown.
+        let conn = TcpConn::new(
+            QP_NUM,
+            Arc::downgrade(&self.ring),
+            ctx.clone(),
+            TcpStream::from(OwnedFd::from(ours)),
+            Arc::new(AtomicBool::new(false)),
+            None,
+        );
         let cq: &CqInner = &self.cq.inner;
         let piece = if options.piece == 0 {
             usize::MAX
