@@ -47,6 +47,10 @@ pub trait Service: Send + Sync + 'static {
 #[derive(Default)]
 struct Registry {
     calls: Mutex<HashMap<(u32, CallId), Registered>>,
+    /// How many calls `calls` holds, kept under its lock: a request looks
+    /// for a live call of its id (see `contains`), and with unary handlers
+    /// that answer at once there is none, so it need not take the lock.
+    len: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -72,26 +76,37 @@ impl Registry {
     }
 
     fn insert(&self, qp_num: u32, id: CallId, r: Registered) {
-        self.lock().insert((qp_num, id), r);
+        let mut calls = self.lock();
+        calls.insert((qp_num, id), r);
+        self.len.store(calls.len(), Ordering::Release);
     }
 
     fn get(&self, qp_num: u32, id: CallId) -> Option<Registered> {
         self.lock().get(&(qp_num, id)).cloned()
     }
 
+    /// Whether `id` names a live call of `qp_num`. A call is registered by
+    /// the thread that handles its connection's frames, the thread that
+    /// asks, so an empty count read here is never stale for this
+    /// connection.
     fn contains(&self, qp_num: u32, id: CallId) -> bool {
-        self.lock().contains_key(&(qp_num, id))
+        self.len.load(Ordering::Acquire) > 0 && self.lock().contains_key(&(qp_num, id))
     }
 
     fn remove(&self, qp_num: u32, id: CallId) -> Option<Registered> {
-        self.lock().remove(&(qp_num, id))
+        let mut calls = self.lock();
+        let removed = calls.remove(&(qp_num, id));
+        self.len.store(calls.len(), Ordering::Release);
+        removed
     }
 
     /// Takes every call of connection `qp_num`.
     fn take_connection(&self, qp_num: u32) -> Vec<Registered> {
         let mut calls = self.lock();
         let keys: Vec<_> = calls.keys().filter(|k| k.0 == qp_num).copied().collect();
-        keys.iter().filter_map(|k| calls.remove(k)).collect()
+        let taken = keys.iter().filter_map(|k| calls.remove(k)).collect();
+        self.len.store(calls.len(), Ordering::Release);
+        taken
     }
 }
 
