@@ -705,38 +705,12 @@ impl TcpConn {
                 None => (&self.stream).read(scratch).map(|n| (n, false)),
             };
             match read {
-                Ok((0, _)) => {
-                    // Peer gone (or we closed: then `dead` is set and nothing is pushed).
-                    rx.state = RxState::Done;
-                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
-                    return ReadOutcome::Closed;
-                }
+                // Peer gone (or we closed: then `dead` is set and nothing is pushed).
+                Ok((0, _)) => return self.end_read(&mut rx, cq),
                 Ok((n, direct)) => {
                     budget = budget.saturating_sub(n);
-                    if direct {
-                        if let RxState::Payload(w) = &rx.state {
-                            if w.have == w.len {
-                                let RxState::Payload(w) =
-                                    std::mem::replace(&mut rx.state, RxState::Done)
-                                else {
-                                    unreachable!("checked above")
-                                };
-                                match self.complete(&mut rx, w, cq, None) {
-                                    Step::Go => {}
-                                    Step::Wait => return ReadOutcome::More,
-                                    Step::Stop => return ReadOutcome::Closed,
-                                }
-                            }
-                        }
-                    } else {
-                        match self.parse(&mut rx, &scratch[..n], cq) {
-                            Parsed::All => {}
-                            Parsed::Stalled(rest) => {
-                                rx.carry = scratch[n - rest..n].to_vec();
-                                return ReadOutcome::More;
-                            }
-                            Parsed::Stop => return ReadOutcome::Closed,
-                        }
+                    if let Some(outcome) = self.take_read(&mut rx, n, direct, scratch, cq) {
+                        return outcome;
                     }
                     if budget == 0 {
                         return ReadOutcome::More;
@@ -744,13 +718,52 @@ impl TcpConn {
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return ReadOutcome::Drained,
-                Err(_) => {
-                    rx.state = RxState::Done;
-                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
-                    return ReadOutcome::Closed;
-                }
+                Err(_) => return self.end_read(&mut rx, cq),
             }
         }
+    }
+
+    /// Takes the `n` bytes a read placed in the ring (`direct`: into the
+    /// payload under way, which completes once whole) or in `scratch`
+    /// (parsed as the stream's continuation); `Some` when reading must
+    /// stop for now.
+    fn take_read(
+        &self,
+        rx: &mut Rx,
+        n: usize,
+        direct: bool,
+        scratch: &[u8],
+        cq: &CqInner,
+    ) -> Option<ReadOutcome> {
+        if direct {
+            if !matches!(&rx.state, RxState::Payload(w) if w.have == w.len) {
+                return None;
+            }
+            let RxState::Payload(w) = std::mem::replace(&mut rx.state, RxState::Done) else {
+                unreachable!("checked above")
+            };
+            return match self.complete(rx, w, cq, None) {
+                Step::Go => None,
+                Step::Wait => Some(ReadOutcome::More),
+                Step::Stop => Some(ReadOutcome::Closed),
+            };
+        }
+        match self.parse(rx, &scratch[..n], cq) {
+            Parsed::All => None,
+            Parsed::Stalled(rest) => {
+                rx.carry = scratch[n - rest..n].to_vec();
+                Some(ReadOutcome::More)
+            }
+            Parsed::Stop => Some(ReadOutcome::Closed),
+        }
+    }
+
+    /// The peer is gone or the socket failed: the reader stops and the
+    /// connection fails.
+    fn end_read(&self, rx: &mut Rx, cq: &CqInner) -> ReadOutcome {
+        rx.state = RxState::Done;
+        self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
+        ReadOutcome::Closed
     }
 
     /// [`TcpConn::read_ready`] over TLS: rustls reads and decrypts the
@@ -836,34 +849,13 @@ impl TcpConn {
                         tracing::warn!(qp_num = self.qp_num, %why, "closing connection: TLS failed");
                     }
                     // Peer gone (or we closed: then `dead` is set and nothing is pushed).
-                    rx.state = RxState::Done;
-                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
-                    return ReadOutcome::Closed;
+                    return self.end_read(&mut rx, cq);
                 }
-                Got::Bytes(_, true) => {
-                    if let RxState::Payload(w) = &rx.state {
-                        if w.have == w.len {
-                            let RxState::Payload(w) =
-                                std::mem::replace(&mut rx.state, RxState::Done)
-                            else {
-                                unreachable!("checked above")
-                            };
-                            match self.complete(&mut rx, w, cq, None) {
-                                Step::Go => {}
-                                Step::Wait => return ReadOutcome::More,
-                                Step::Stop => return ReadOutcome::Closed,
-                            }
-                        }
+                Got::Bytes(n, direct) => {
+                    if let Some(outcome) = self.take_read(&mut rx, n, direct, scratch, cq) {
+                        return outcome;
                     }
                 }
-                Got::Bytes(n, false) => match self.parse(&mut rx, &scratch[..n], cq) {
-                    Parsed::All => {}
-                    Parsed::Stalled(rest) => {
-                        rx.carry = scratch[n - rest..n].to_vec();
-                        return ReadOutcome::More;
-                    }
-                    Parsed::Stop => return ReadOutcome::Closed,
-                },
             }
         }
     }
