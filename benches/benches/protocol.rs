@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 fn header() -> Header {
     Header {
+        flags: 0,
         kind: FrameKind::Request,
         status: 0,
         method_id: 0x83c0_5b70,

@@ -224,6 +224,7 @@ fn request_header(
     payload_len: usize,
 ) -> Header {
     Header {
+        flags: 0,
         kind: FrameKind::Request,
         status: 0,
         method_id,

@@ -463,6 +463,7 @@ mod tests {
         };
         let header = |kind, payload_len: u32| {
             let h = Header {
+                flags: 0,
                 kind,
                 status: 0,
                 method_id: 0x1234_5678,
@@ -543,6 +544,7 @@ mod tests {
         use rpc_core::codegen::prost::Message;
         let frame = |kind, method: usize, timeout_us, md: &[u8], payload: &[u8]| {
             let h = Header {
+                flags: 0,
                 kind,
                 status: 0,
                 method_id: if method < 4 { METHODS[method].id } else { 0 },

@@ -222,10 +222,28 @@ impl ChannelBuilder {
     }
 
     /// Size of the receive ring for responses, in bytes: a power of two
-    /// (default 2 MiB). Responses up to half of it, less a 32-byte header, fit.
+    /// (default 2 MiB). Small messages travel through it; payloads larger
+    /// than the rendezvous threshold ([`ChannelBuilder::rendezvous_above`])
+    /// or than half the ring are lent by the sender and read from its memory.
     pub fn ring_size(mut self, bytes: usize) -> Self {
         self.config.ring_size = bytes;
-        self.config.max_message = (bytes / 2).saturating_sub(crate::protocol::HEADER_LEN);
+        self
+    }
+
+    /// Largest response (metadata + payload) accepted, in bytes (default
+    /// 64 MiB, at most 4 GiB less a byte). A larger response fails with
+    /// `ResourceExhausted`, before anything is allocated here.
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.config.max_message = bytes;
+        self
+    }
+
+    /// Payloads larger than this many bytes (default 32 KiB) travel by
+    /// rendezvous: the sender lends its encoded message to the connection,
+    /// the receiver reads it straight into its own buffer. Smaller ones
+    /// are copied through the ring.
+    pub fn rendezvous_above(mut self, bytes: usize) -> Self {
+        self.config.lend_above = bytes;
         self
     }
 
@@ -525,7 +543,7 @@ impl Channel {
         slot: Arc<CallSlot>,
         outcome: Result<RawReply, Status>,
     ) -> Result<Response<T>, Status> {
-        let mut buf = Vec::new();
+        let mut buf = Default::default();
         let reply = decode_reply(outcome, |b| buf = b);
         with_client!(&self.inner.client, c => {
             c.conn.recycle(buf);
@@ -940,7 +958,7 @@ fn unary_outcome(frame: Frame) -> Result<RawReply, Status> {
 #[derive(Debug)]
 struct RawReply {
     metadata: Metadata,
-    payload: Vec<u8>,
+    payload: crate::payload::Payload,
 }
 
 /// What a unary call ends with, left in its slot.
@@ -1007,7 +1025,7 @@ fn poll_slot(slot: &CallSlot, cx: &mut Context<'_>) -> Poll<Outcome> {
 /// Decodes a response; hands the buffer it arrived in to `recycle`.
 fn decode_reply<T: prost::Message + Default>(
     r: Result<RawReply, Status>,
-    recycle: impl FnOnce(Vec<u8>),
+    recycle: impl FnOnce(crate::payload::Payload),
 ) -> Result<Response<T>, Status> {
     let RawReply { metadata, payload } = r?;
     let decoded = T::decode(&payload[..]);

@@ -58,6 +58,7 @@ pub mod health;
 mod idmap;
 mod metadata;
 mod pages;
+mod payload;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod protocol;

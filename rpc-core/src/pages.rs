@@ -20,6 +20,19 @@ impl Pages {
         MmapMut::map_anon(len).map(Pages)
     }
 
+    /// Maps `len` zeroed bytes for a large message: backed by huge pages
+    /// where the system allows (fewer page faults and TLB misses as the
+    /// buffer is first written), else as [`Pages::new`].
+    pub(crate) fn large(len: usize) -> std::io::Result<Pages> {
+        let map = MmapMut::map_anon(len)?;
+        #[cfg(target_os = "linux")]
+        if len >= 2 << 20 {
+            // Advice only: without transparent huge pages it changes nothing.
+            let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        Ok(Pages(map))
+    }
+
     /// The first byte of the mapping.
     #[cfg(feature = "verbs")]
     pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {

@@ -116,7 +116,7 @@ pub struct ServerCall {
     call_id: CallId,
     qp_num: u32,
     metadata: Metadata,
-    payload: Vec<u8>,
+    payload: crate::payload::Payload,
     deadline: Option<Instant>,
     sink: Option<Arc<dyn Link>>,
     inflight: Arc<AtomicUsize>,
@@ -504,8 +504,8 @@ impl ServerCall {
             let status = match e {
                 SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
                     "response of {len} bytes exceeds the client's limit of {max} bytes \
-                     (half the ring it receives into: ChannelBuilder::ring_size raises it; \
-                     this server accepts requests up to {} bytes)",
+                     (ChannelBuilder::max_message_size raises it; this server accepts \
+                     requests up to {} bytes)",
                     sink.max_message()
                 )),
                 e => Status::from(e),
@@ -740,16 +740,28 @@ impl ServerBuilder {
     }
 
     /// Receive ring per connection in bytes, a power of two (default 2 MiB).
-    /// Requests up to half of it, less a 32-byte header, fit.
+    /// Small messages travel through it; payloads larger than the
+    /// rendezvous threshold ([`ServerBuilder::rendezvous_above`]) or than
+    /// half the ring are lent by the sender and read from its memory.
     pub fn ring_size(mut self, bytes: usize) -> Self {
         self.config.ring_size = bytes;
-        self.config.max_message = (bytes / 2).saturating_sub(crate::protocol::HEADER_LEN);
         self
     }
 
-    /// Largest request (metadata + payload) accepted, in bytes; at most what the ring holds.
+    /// Largest request (metadata + payload) accepted, in bytes (default
+    /// 64 MiB, at most 4 GiB less a byte). A larger request fails at its
+    /// sender with `ResourceExhausted`, before anything is allocated here.
     pub fn max_message_size(mut self, bytes: usize) -> Self {
         self.config.max_message = bytes;
+        self
+    }
+
+    /// Payloads larger than this many bytes (default 32 KiB) travel by
+    /// rendezvous: the sender lends its encoded message to the connection,
+    /// the receiver reads it straight into its own buffer. Smaller ones
+    /// are copied through the ring.
+    pub fn rendezvous_above(mut self, bytes: usize) -> Self {
+        self.config.lend_above = bytes;
         self
     }
 
@@ -1013,10 +1025,7 @@ fn accept_loop<F: Fabric>(
 fn ring_for(config: &Config, client: &PeerRing) -> (usize, usize) {
     let client_ring = usize::try_from(client.len).unwrap_or(usize::MAX);
     let ring = config.ring_size.min(staging_limit(client_ring));
-    let max_message = config
-        .max_message
-        .min(ring / 2 - crate::protocol::HEADER_LEN);
-    (ring, max_message)
+    (ring, config.max_message)
 }
 
 fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> Result<(), Status> {

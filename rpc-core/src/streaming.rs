@@ -56,7 +56,7 @@ pub(crate) trait Link: Send + Sync {
     /// Who the peer is, for handlers.
     fn remote(&self) -> Option<Arc<crate::Peer>>;
     /// Takes back the buffer a message arrived in, once decoded.
-    fn recycle(&self, buf: Vec<u8>);
+    fn recycle(&self, buf: crate::payload::Payload);
 }
 
 /// The link of a call that never started: nothing can be sent.
@@ -81,7 +81,7 @@ impl Link for NoLink {
     fn remote(&self) -> Option<Arc<crate::Peer>> {
         None
     }
-    fn recycle(&self, _: Vec<u8>) {}
+    fn recycle(&self, _: crate::payload::Payload) {}
 }
 
 /// Sends a frame with no payload (`HalfClose`, `Window`, `Cancel`).
@@ -227,7 +227,7 @@ impl StreamCore {
     pub(crate) fn on_message(
         &self,
         header: &Header,
-        payload: Vec<u8>,
+        payload: crate::payload::Payload,
         metadata: Metadata,
     ) -> Result<(), StreamError> {
         if !self.messages {
@@ -263,7 +263,7 @@ impl StreamCore {
     pub(crate) fn on_end(
         &self,
         result: Result<(), Status>,
-        last: Option<Vec<u8>>,
+        last: Option<crate::payload::Payload>,
         metadata: Option<Metadata>,
         finished: bool,
     ) -> Result<(), StreamError> {
@@ -406,14 +406,14 @@ impl StreamCore {
 /// they cost the window (0 for a final message outside it).
 #[derive(Debug)]
 struct Entry {
-    data: Vec<u8>,
+    data: crate::payload::Payload,
     count: u32,
     cost: usize,
 }
 
 /// A frame taken from a stream's inbox.
 struct Received {
-    data: Vec<u8>,
+    data: crate::payload::Payload,
     count: u32,
     grant: Option<u32>,
 }
@@ -881,9 +881,9 @@ impl<T> Streaming<T> {
                         let _ = send_control(&*self.link, FrameKind::Window, self.call_id, grant);
                     }
                     if count == 1 {
-                        return Poll::Ready(Some(Ok(Bytes::from(data))));
+                        return Poll::Ready(Some(Ok(data.into_bytes())));
                     }
-                    self.batch = Some((Bytes::from(data), Records::new(count)));
+                    self.batch = Some((data.into_bytes(), Records::new(count)));
                     if let Some(message) = self.next_in_batch() {
                         return Poll::Ready(Some(Ok(message)));
                     }

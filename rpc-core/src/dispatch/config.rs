@@ -9,6 +9,9 @@ pub(crate) struct Config {
     pub ring_size: usize,
     /// Largest message (metadata + payload) accepted, bytes.
     pub max_message: usize,
+    /// Payloads above this many bytes travel by rendezvous (see
+    /// [`DEFAULT_LEND_ABOVE`]); at most what fits half the ring.
+    pub lend_above: usize,
     /// Bytes of encoded frames a connection may queue while the peer's ring is full.
     pub max_backlog: usize,
     /// Zero-length receives kept posted on the shared receive queue.
@@ -55,12 +58,25 @@ pub fn heartbeat_bound(interval: Duration) -> Duration {
     interval * 2 + unacked_limit(interval)
 }
 
+/// The default largest message: 64 MiB (metadata and payload).
+pub const DEFAULT_MAX_MESSAGE: usize = 64 << 20;
+
+/// The largest message that can be allowed: 4 GiB less a byte.
+pub const MAX_MESSAGE_LIMIT: usize = u32::MAX as usize;
+
+/// Payloads larger than this travel by rendezvous by default: the sender
+/// lends the encoded message, the receiver reads it with an RDMA READ
+/// straight into its own buffer. Below it, a copy through the ring costs
+/// less than the read's extra round trip.
+pub const DEFAULT_LEND_ABOVE: usize = 32 << 10;
+
 impl Default for Config {
     fn default() -> Config {
         let ring_size = 1 << 21;
         Config {
             ring_size,
-            max_message: ring_size / 2 - HEADER_LEN,
+            max_message: DEFAULT_MAX_MESSAGE,
+            lend_above: DEFAULT_LEND_ABOVE,
             max_backlog: 64 << 20,
             srq_depth: 4096,
             spin: Duration::from_micros(50),
@@ -81,11 +97,10 @@ impl Config {
         }
         crate::protocol::ring::check_capacity(self.ring_size)
             .map_err(|e| Status::invalid_argument(format!("ring size: {e}")))?;
-        let largest = self.ring_size / 2 - HEADER_LEN;
-        if self.max_message > largest || self.max_message > u32::MAX as usize {
+        if self.max_message > MAX_MESSAGE_LIMIT {
             return Err(Status::invalid_argument(format!(
-                "max message size {} exceeds what a {}-byte ring holds ({largest})",
-                self.max_message, self.ring_size
+                "max message size {} exceeds the limit of {MAX_MESSAGE_LIMIT} bytes",
+                self.max_message
             )));
         }
         Ok(())

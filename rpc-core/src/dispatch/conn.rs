@@ -3,6 +3,10 @@
 
 use super::*;
 use crate::auth::Peer;
+use crate::fabric::RemoteBuf;
+use crate::payload::Payload;
+use crate::protocol::header::{FLAG_LENT, LENT_LEN, Lent};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Message buffers a connection keeps for reuse, and the largest it keeps.
@@ -47,14 +51,16 @@ impl From<SendError> for Status {
         match e {
             SendError::Closed(why) => Status::unavailable(format!("connection closed: {why}")),
             SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
-                "message of {len} bytes exceeds the peer's limit of {max} bytes \
-                 (half the ring it receives into)"
+                "message of {len} bytes exceeds the peer's limit of {max} bytes"
             )),
             SendError::Full(why) => Status::resource_exhausted(why),
             SendError::Metadata(len) => Status::invalid_argument(format!(
                 "metadata of {len} bytes exceeds the limit of {} bytes",
                 crate::metadata::MAX_ENCODED_LEN
             )),
+            SendError::NoBuffer(why) => {
+                Status::resource_exhausted(format!("no buffer for a large message: {why}"))
+            }
         }
     }
 }
@@ -68,6 +74,30 @@ pub(crate) struct OutFrame<'a> {
     pub timeout_us: u32,
     pub metadata: Option<&'a Metadata>,
     pub payload_len: usize,
+}
+
+/// Rendezvous on one connection: the peer's lent payloads being read, and
+/// the frames of their calls that arrived meanwhile, held so that each
+/// call's frames are delivered in order.
+#[derive(Default)]
+pub(super) struct Rendezvous {
+    next_read: u64,
+    reads: HashMap<u64, PendingRead>,
+    held: HashMap<CallId, VecDeque<Held>>,
+}
+
+/// A lent payload being read: its frame as it will be delivered, and the
+/// key to release.
+struct PendingRead {
+    header: Header,
+    metadata: Option<Metadata>,
+    rkey: u32,
+}
+
+/// A frame of a call with a read under way: the read, or a frame ready.
+enum Held {
+    Reading(u64),
+    Ready(Frame),
 }
 
 /// One connection: its queue pair, its receive ring and the peer's. The
@@ -86,6 +116,14 @@ pub(crate) struct Conn<F: Fabric> {
     pub(super) recvs: u32,
     /// Largest message (metadata + payload) accepted from the peer.
     pub(super) max_message: usize,
+    /// The fabric: large messages' buffers come from its cache.
+    pub(super) fabric: F,
+    /// Payloads larger than this travel by rendezvous (lent, and read by
+    /// the peer) instead of in the ring; `usize::MAX` when the queue pair
+    /// does not lend.
+    pub(super) lend_above: usize,
+    /// The peer's lent payloads being read.
+    pub(super) rendezvous: Mutex<Rendezvous>,
     /// Responses that named no live call of this connection.
     pub(super) stale: AtomicU64,
     /// Buffers incoming messages are copied into, for reuse.
@@ -112,6 +150,7 @@ impl<F: Fabric> Conn<F> {
     /// Of `recv_region`, the first `cap` bytes are the ring (see
     /// [`super::ring_shares`]); of the peer's ring, `c.peer.len`.
     pub(super) fn new(
+        fabric: F,
         recv_region: F::Region,
         cap: usize,
         staging: F::Region,
@@ -148,6 +187,9 @@ impl<F: Fabric> Conn<F> {
             failure: Mutex::new(None),
             recvs: 0,
             max_message: 0,
+            fabric,
+            lend_above: usize::MAX,
+            rendezvous: Mutex::new(Rendezvous::default()),
             stale: AtomicU64::new(0),
             buffers: Mutex::new(Vec::new()),
             heard: AtomicBool::new(false),
@@ -271,7 +313,6 @@ impl<F: Fabric> Conn<F> {
                 max: self.peer_max_message(),
             });
         }
-        let len = HEADER_LEN + body;
         let header = Header {
             kind: frame.kind,
             status: frame.status,
@@ -281,7 +322,82 @@ impl<F: Fabric> Conn<F> {
             metadata_len: md_len as u16,
             timeout_us: frame.timeout_us,
             ack: 0,
+            flags: 0,
         };
+        let lends = matches!(
+            frame.kind,
+            FrameKind::Request | FrameKind::Response | FrameKind::Message
+        );
+        if lends && frame.payload_len > self.lend_above {
+            return self.send_lent(header, frame, fail_fast, cork, fill);
+        }
+        self.stage(header, frame, fail_fast, cork, fill)
+    }
+
+    /// Sends a large message by rendezvous: its payload is encoded into a
+    /// buffer from the fabric's cache and lent to the peer, and the frame
+    /// in the ring carries only its descriptor. The peer reads it, then
+    /// releases it ([`FrameKind::Release`]).
+    fn send_lent(
+        &self,
+        mut header: Header,
+        frame: &OutFrame<'_>,
+        fail_fast: bool,
+        cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<bool, SendError> {
+        let mut buf = self
+            .fabric
+            .buffer(frame.payload_len)
+            .map_err(|e| SendError::NoBuffer(e.to_string()))?;
+        fill(&mut buf);
+        let remote = {
+            let mut s = self.send_state();
+            if let Some(why) = s.proto.death() {
+                return Err(SendError::Closed(why.to_owned()));
+            }
+            match s.qp.as_mut() {
+                Some(qp) => qp.lend(buf).map_err(|e| SendError::Closed(e.to_string()))?,
+                None => return Err(SendError::Closed("queue pair destroyed".into())),
+            }
+        };
+        let descriptor = Lent {
+            addr: remote.addr,
+            len: header.payload_len,
+            rkey: remote.rkey,
+        }
+        .encode();
+        header.flags = FLAG_LENT;
+        header.payload_len = LENT_LEN as u32;
+        let sent = self.stage(
+            header,
+            &OutFrame {
+                payload_len: LENT_LEN,
+                ..*frame
+            },
+            fail_fast,
+            cork,
+            &mut |b| b.copy_from_slice(&descriptor),
+        );
+        if sent.is_err() {
+            if let Some(qp) = self.send_state().qp.as_mut() {
+                qp.unlend(remote.rkey);
+            }
+        }
+        sent
+    }
+
+    /// Stages a frame with `header` in the peer's ring (or queues it).
+    fn stage(
+        &self,
+        header: Header,
+        frame: &OutFrame<'_>,
+        fail_fast: bool,
+        cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<bool, SendError> {
+        let md_len = header.metadata_len as usize;
+        let len = HEADER_LEN + md_len + header.payload_len as usize;
         let mut write = |buf: &mut [u8], ack: u32| {
             let mut h = header;
             h.ack = ack;
@@ -434,15 +550,176 @@ impl<F: Fabric> Conn<F> {
                         return Ok(());
                     }
                     drop(s);
-                    deliver(Frame {
-                        header,
-                        metadata,
-                        payload,
-                    });
+                    self.arrive(
+                        Frame {
+                            header,
+                            metadata,
+                            payload: payload.into(),
+                        },
+                        deliver,
+                    )?;
                 }
                 Ok(())
             }
         }
+    }
+
+    /// A frame is out of the ring: a release ends a loan of ours; a lent
+    /// payload is read; a frame of a call whose lent payload is being read
+    /// waits for it; the rest goes to `deliver`.
+    fn arrive(&self, frame: Frame, deliver: &mut dyn FnMut(Frame)) -> Result<(), String> {
+        let header = frame.header;
+        if header.kind == FrameKind::Release {
+            let mut s = self.send_state();
+            let released = s.qp.as_mut().is_some_and(|qp| qp.unlend(header.timeout_us));
+            // After a failure the queue pair is gone, and its loans with it.
+            if !released && s.qp.is_some() {
+                return Err(format!(
+                    "peer released a buffer that was not lent (rkey {:#x})",
+                    header.timeout_us
+                ));
+            }
+            return Ok(());
+        }
+        if header.is_lent() {
+            return self.start_read(frame);
+        }
+        {
+            let mut rdv = self.rendezvous();
+            if let Some(queue) = rdv.held.get_mut(&header.call_id) {
+                queue.push_back(Held::Ready(frame));
+                return Ok(());
+            }
+        }
+        deliver(frame);
+        Ok(())
+    }
+
+    fn rendezvous(&self) -> MutexGuard<'_, Rendezvous> {
+        self.rendezvous.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the payload the peer lent with `frame`, after checking its
+    /// length against the message limit, before anything is allocated.
+    fn start_read(&self, frame: Frame) -> Result<(), String> {
+        let Frame {
+            mut header,
+            metadata,
+            payload,
+        } = frame;
+        if self.lend_above == usize::MAX {
+            return Err("peer lent a payload on a connection without rendezvous".into());
+        }
+        let lent = Lent::decode(&payload)
+            .ok_or_else(|| format!("lent payload descriptor of {} bytes", payload.len()))?;
+        self.recycle(payload);
+        let body = header.metadata_len as usize + lent.len as usize;
+        if body > self.max_message {
+            return Err(format!(
+                "lent message of {body} bytes exceeds the limit of {}",
+                self.max_message
+            ));
+        }
+        let dst = self
+            .fabric
+            .buffer(lent.len as usize)
+            .map_err(|e| format!("no buffer for a lent message of {body} bytes: {e}"))?;
+        header.flags = 0;
+        header.payload_len = lent.len;
+        let wr_id = {
+            let mut rdv = self.rendezvous();
+            rdv.next_read += 1;
+            let wr_id = rdv.next_read;
+            rdv.reads.insert(
+                wr_id,
+                PendingRead {
+                    header,
+                    metadata,
+                    rkey: lent.rkey,
+                },
+            );
+            rdv.held
+                .entry(header.call_id)
+                .or_default()
+                .push_back(Held::Reading(wr_id));
+            wr_id
+        };
+        let src = RemoteBuf {
+            addr: lent.addr,
+            len: u64::from(lent.len),
+            rkey: lent.rkey,
+        };
+        let mut s = self.send_state();
+        let Some(qp) = s.qp.as_mut() else {
+            return Ok(()); // closed: the read's frame goes with the connection
+        };
+        qp.post_read(wr_id, dst, src)
+            .map_err(|e| format!("cannot read a lent payload: {e}"))
+    }
+
+    /// The read `wr_id` of a lent payload completed: its frame, and those
+    /// of its call held behind it, go to `deliver`, and the peer learns it
+    /// may reuse its buffer.
+    pub(super) fn on_read_completion(
+        &self,
+        wr_id: u64,
+        deliver: &mut dyn FnMut(Frame),
+    ) -> Result<(), String> {
+        let taken = self
+            .send_state()
+            .qp
+            .as_mut()
+            .and_then(|qp| qp.take_read(wr_id));
+        let Some(buf) = taken else {
+            return Err(format!("read {wr_id} completed without its buffer"));
+        };
+        let mut ready = Vec::new();
+        let (call_id, rkey) = {
+            let mut rdv = self.rendezvous();
+            let p = rdv
+                .reads
+                .remove(&wr_id)
+                .ok_or_else(|| format!("completion of read {wr_id}, never posted"))?;
+            let call_id = p.header.call_id;
+            let frame = Frame {
+                header: p.header,
+                metadata: p.metadata,
+                payload: Payload::Lent(Box::new(buf)),
+            };
+            if let Some(queue) = rdv.held.get_mut(&call_id) {
+                if let Some(slot) = queue
+                    .iter_mut()
+                    .find(|h| matches!(h, Held::Reading(id) if *id == wr_id))
+                {
+                    *slot = Held::Ready(frame);
+                }
+                while let Some(Held::Ready(_)) = queue.front() {
+                    if let Some(Held::Ready(f)) = queue.pop_front() {
+                        ready.push(f);
+                    }
+                }
+                if queue.is_empty() {
+                    rdv.held.remove(&call_id);
+                }
+            }
+            (call_id, p.rkey)
+        };
+        let release = OutFrame {
+            kind: FrameKind::Release,
+            call_id,
+            method_id: 0,
+            status: 0,
+            timeout_us: rkey,
+            metadata: None,
+            payload_len: 0,
+        };
+        if let Err(e) = self.send_with(&release, false, false, &mut |_| {}) {
+            tracing::debug!(qp_num = self.qp_num, error = ?e, "cannot release a read buffer");
+        }
+        for frame in ready {
+            deliver(frame);
+        }
+        Ok(())
     }
 
     /// After a batch of frames: return credits if needed, flush the backlog,
@@ -468,7 +745,10 @@ impl<F: Fabric> Conn<F> {
     }
 
     /// Gives back a buffer that held an incoming message, once decoded.
-    pub(crate) fn recycle(&self, buf: Vec<u8>) {
+    pub(crate) fn recycle(&self, buf: crate::payload::Payload) {
+        let Some(buf) = buf.into_heap() else {
+            return; // a lent buffer goes back to the fabric's cache
+        };
         if buf.capacity() == 0 || buf.capacity() > MAX_POOLED_BUFFER {
             return;
         }
@@ -593,7 +873,7 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
     fn remote(&self) -> Option<Arc<Peer>> {
         Some(self.remote.clone())
     }
-    fn recycle(&self, buf: Vec<u8>) {
+    fn recycle(&self, buf: crate::payload::Payload) {
         Conn::recycle(self, buf)
     }
 }

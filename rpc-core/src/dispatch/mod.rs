@@ -40,7 +40,7 @@ const POLL_BATCH: usize = 64;
 pub(crate) struct Frame {
     pub header: Header,
     pub metadata: Option<Metadata>,
-    pub payload: Vec<u8>,
+    pub payload: crate::payload::Payload,
 }
 
 /// What a context does with frames: answer calls (client) or run handlers (server).
@@ -185,12 +185,27 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         // What fits in half of each direction's share.
         let largest = |cap: usize| cap / 2 - HEADER_LEN;
         c.peer.len = send_cap as u64;
-        c.peer.max_message = c.peer.max_message.min(largest(send_cap) as u32);
         let staging = self.fabric.register(send_cap, false)?;
         let recvs = SrqProvision::for_connection(recv_cap, send_cap)?;
-        let mut conn = Conn::new(recv, recv_cap, staging, self.config.max_backlog, c)?;
+        let lends = c.qp.lends();
+        if !lends {
+            c.peer.max_message = c.peer.max_message.min(largest(send_cap) as u32);
+        }
+        let mut conn = Conn::new(
+            self.fabric.clone(),
+            recv,
+            recv_cap,
+            staging,
+            self.config.max_backlog,
+            c,
+        )?;
         conn.recvs = recvs;
-        conn.max_message = max_message.min(largest(recv_cap));
+        if lends {
+            conn.max_message = max_message;
+            conn.lend_above = self.config.lend_above.min(largest(send_cap));
+        } else {
+            conn.max_message = max_message.min(largest(recv_cap));
+        }
         self.fabric.post_recv(recvs)?;
         let conn = Arc::new(conn);
         self.conns
@@ -595,6 +610,16 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         }
         match c.kind {
             CompletionKind::Send => conn.on_send_completion(c.wr_id),
+            CompletionKind::Read => {
+                if !touched.iter().any(|t| Arc::ptr_eq(t, &conn)) {
+                    conn.begin_batch();
+                    touched.push(conn.clone());
+                }
+                let deliver = &mut |frame| self.role.on_frame(self, &conn, frame);
+                if let Err(why) = conn.on_read_completion(c.wr_id, deliver) {
+                    self.close_for_violation(&conn, &why);
+                }
+            }
             CompletionKind::RecvImm { imm, byte_len } => {
                 // Writes this batch causes (responses of inline handlers,
                 // credits, the backlog) are posted together after it.

@@ -15,7 +15,7 @@ use crate::Code;
 use crate::auth::{Challenge, Credential, MAX_AUTH_LEN, NONCE_LEN};
 use crate::fabric::tls::{self, ClientTls, Session};
 use crate::fabric::{FabricError, FabricUrl, PeerRing};
-use crate::protocol::{HEADER_LEN, ring};
+use crate::protocol::ring;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -23,7 +23,7 @@ use std::time::Duration;
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
 pub(crate) const MAGIC: &[u8; 8] = b"RDMARPC\0";
-const HELLO_VERSION: u16 = 5;
+const HELLO_VERSION: u16 = 6;
 
 /// Which fabric a handshake sets up (both sides must agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,13 +106,6 @@ impl Hello {
         let len =
             usize::try_from(ring.len).map_err(|_| format!("ring length {} too large", ring.len))?;
         ring::check_capacity(len).map_err(|e| format!("peer ring: {e}"))?;
-        let largest = (len / 2).saturating_sub(HEADER_LEN);
-        if ring.max_message as usize > largest {
-            return Err(format!(
-                "peer accepts messages of {} bytes, more than its {len}-byte ring can hold ({largest})",
-                ring.max_message
-            ));
-        }
         if ring.addr.checked_add(ring.len).is_none() {
             return Err("peer ring address range overflows".into());
         }

@@ -24,6 +24,7 @@
 pub mod bootstrap;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod bootstrap;
+pub(crate) mod cache;
 pub(crate) mod gate;
 pub mod soft;
 pub mod tls;
@@ -35,6 +36,7 @@ mod url;
 #[cfg(test)]
 pub(crate) mod conformance;
 
+pub use cache::buffer_bytes;
 pub use gate::Admission;
 pub use tls::{ClientTls, ServerTls};
 pub use url::{FabricUrl, Scheme};
@@ -48,6 +50,8 @@ use std::time::Duration;
 /// the bytes against concurrent writes by a (possibly misbehaving) peer
 /// without any `unsafe`.
 pub trait Region: Send + Sync + 'static {
+    /// Large-message buffers of this fabric (see [`Buffer`]).
+    type Buffer: Buffer;
     /// The address a peer names in a write (for software fabrics, a virtual one).
     fn addr(&self) -> u64;
     /// Length in bytes.
@@ -68,6 +72,24 @@ pub trait Region: Send + Sync + 'static {
     fn copy_to(&self, offset: usize, dst: &mut [u8]) {
         self.read(offset, dst.len(), |src| dst.copy_from_slice(src))
     }
+}
+
+/// Memory for one large message: plain bytes to the process, and, while a
+/// queue pair lends it ([`QueuePair::lend`]) or reads into it
+/// ([`QueuePair::post_read`]), memory the fabric may reach. Comes from the
+/// fabric's registration cache ([`Fabric::buffer`]) and goes back to it
+/// when dropped.
+pub trait Buffer: std::ops::DerefMut<Target = [u8]> + Send + Sync + 'static {}
+
+/// A buffer a peer lent: what an RDMA READ names to pull it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteBuf {
+    /// Its address, as the peer's fabric names it.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The key that grants reading it, over this one connection.
+    pub rkey: u32,
 }
 
 /// One RDMA WRITE WITH IMMEDIATE.
@@ -111,6 +133,31 @@ pub trait QueuePair: Send + 'static {
     }
     /// Most send-queue entries that may be outstanding (unreaped) at once.
     fn send_queue_depth(&self) -> usize;
+    /// Lends `buf` to the peer for reading, over this queue pair only,
+    /// until [`QueuePair::unlend`]: returns what the peer names it by. The
+    /// queue pair keeps the buffer meanwhile (a lost connection frees it).
+    fn lend(&mut self, buf: <Self::Region as Region>::Buffer) -> Result<RemoteBuf, FabricError>;
+    /// Ends the loan of `rkey`: the peer can no longer read the buffer, which
+    /// goes back to the cache once the fabric is done with it. `false` if
+    /// nothing was lent under that key.
+    fn unlend(&mut self, rkey: u32) -> bool;
+    /// Posts an RDMA READ of the whole of `src` into the first `src.len`
+    /// bytes of `dst`. It completes with a [`CompletionKind::Read`] of
+    /// `wr_id`; then [`QueuePair::take_read`] gives `dst` back. An `Err`
+    /// means nothing was posted (and `dst` is dropped).
+    fn post_read(
+        &mut self,
+        wr_id: u64,
+        dst: <Self::Region as Region>::Buffer,
+        src: RemoteBuf,
+    ) -> Result<(), FabricError>;
+    /// The buffer of the read `wr_id`, once it completed.
+    fn take_read(&mut self, wr_id: u64) -> Option<<Self::Region as Region>::Buffer>;
+    /// Whether this queue pair lends buffers and reads (see
+    /// [`QueuePair::lend`]); without, every message travels in the ring.
+    fn lends(&self) -> bool {
+        true
+    }
     /// Called on an accepted queue pair once the local side is ready for the
     /// peer's traffic (the connection is registered with the dispatcher):
     /// sends the handshake's final message. The peer sends nothing before it.
@@ -131,6 +178,8 @@ pub trait QueuePair: Send + 'static {
 pub enum CompletionKind {
     /// A signaled write-with-imm (or any send, for error completions).
     Send,
+    /// An RDMA READ posted with [`QueuePair::post_read`] (always reported).
+    Read,
     /// An incoming write-with-imm consumed a shared-receive-queue entry.
     RecvImm {
         /// The immediate.
@@ -273,6 +322,10 @@ pub trait Fabric: Send + Sync + Sized + Clone + 'static {
 
     /// Registers `len` bytes; `remote_write` makes them writable by peers.
     fn register(&self, len: usize, remote_write: bool) -> Result<Self::Region, FabricError>;
+    /// A buffer of `len` bytes for a large message, from the registration
+    /// cache: registered already in the steady state. Its bytes are
+    /// whatever the last user left (callers overwrite them).
+    fn buffer(&self, len: usize) -> Result<<Self::Region as Region>::Buffer, FabricError>;
     /// Posts `count` zero-length receives to the shared receive queue.
     fn post_recv(&self, count: u32) -> Result<(), FabricError>;
     /// Creates a completion queue on this context.

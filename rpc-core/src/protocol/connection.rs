@@ -70,6 +70,8 @@ pub enum SendError {
     Full(&'static str),
     /// Metadata larger than a frame can carry.
     Metadata(usize),
+    /// No buffer for a large message could be had (the fabric says why).
+    NoBuffer(String),
 }
 
 /// Where a frame goes, from [`Sender::reserve`].
@@ -598,6 +600,7 @@ mod tests {
     fn frame(len: usize, ack: u32) -> Vec<u8> {
         let mut bytes = vec![0u8; len];
         let header = Header {
+            flags: 0,
             kind: FrameKind::Request,
             status: 0,
             method_id: 1,

@@ -11,19 +11,29 @@
 //! | 8 | 8 | call id ([`CallId`]) |
 //! | 16 | 4 | payload length |
 //! | 20 | 2 | metadata length |
-//! | 22 | 2 | flags (reserved, must be 0) |
+//! | 22 | 2 | flags: [`FLAG_LENT`] on a `Request`, `Response` or `Message` frame; the others reserved, 0 |
 //! | 24 | 4 | timeout in microseconds (0 = none; saturates); in a `Window` frame, the grant; in a `Message` frame, how many messages it carries |
 //! | 28 | 4 | ack: credits the sender returns for the ring it receives into ([`super::credits`]) |
 //!
 //! After the header come `metadata_len` bytes of metadata, then
 //! `payload_len` bytes of payload (a protobuf message, or the status message
 //! of an `Error` frame). A frame occupies `align_up(frame_len)` ring bytes.
+//!
+//! A frame with [`FLAG_LENT`] carries its message by rendezvous: its
+//! payload in the ring is a [`LENT_LEN`]-byte descriptor (`addr u64, len
+//! u32, rkey u32`) of a buffer the sender lent to this connection; the
+//! receiver pulls the `len` bytes with an RDMA READ, then answers with a
+//! `Release` frame.
 
 use super::CallId;
 
 /// Protocol version this build speaks (2: a `Message` frame carries a
-/// batch, and one write may carry several frames).
-pub const VERSION: u8 = 2;
+/// batch, and one write may carry several frames; 3: lent payloads).
+pub const VERSION: u8 = 3;
+/// Flag: the payload is lent (a descriptor, see the module docs).
+pub const FLAG_LENT: u16 = 1;
+/// Bytes of a lent payload's descriptor.
+pub const LENT_LEN: usize = 16;
 /// Size of an encoded [`Header`].
 pub const HEADER_LEN: usize = 32;
 /// Where the ack sits in an encoded header.
@@ -61,6 +71,10 @@ pub enum FrameKind {
     /// the peer may send `timeout_us` (here: the grant, in window bytes)
     /// more ([`super::stream`]). No payload.
     Window = 8,
+    /// The sender of this frame has read the lent payload whose rkey is in
+    /// `timeout_us`, of a frame of the call `call_id`: the peer may reuse
+    /// the buffer. No payload.
+    Release = 9,
 }
 
 impl FrameKind {
@@ -75,6 +89,7 @@ impl FrameKind {
             6 => Some(FrameKind::Message),
             7 => Some(FrameKind::HalfClose),
             8 => Some(FrameKind::Window),
+            9 => Some(FrameKind::Release),
             _ => None,
         }
     }
@@ -100,6 +115,8 @@ pub struct Header {
     pub timeout_us: u32,
     /// Piggy-backed credit return (see [`super::credits`]).
     pub ack: u32,
+    /// Flags: 0, or [`FLAG_LENT`].
+    pub flags: u16,
 }
 
 /// Why bytes are not a valid header.
@@ -151,7 +168,7 @@ impl Header {
         out[8..16].copy_from_slice(&self.call_id.0.to_le_bytes());
         out[16..20].copy_from_slice(&self.payload_len.to_le_bytes());
         out[20..22].copy_from_slice(&self.metadata_len.to_le_bytes());
-        out[22..24].copy_from_slice(&0u16.to_le_bytes());
+        out[22..24].copy_from_slice(&self.flags.to_le_bytes());
         out[24..28].copy_from_slice(&self.timeout_us.to_le_bytes());
         out[ACK_AT..ACK_AT + 4].copy_from_slice(&self.ack.to_le_bytes());
     }
@@ -181,7 +198,11 @@ impl Header {
         }
         let kind = FrameKind::from_u8(b[1]).ok_or(HeaderError::Kind(b[1]))?;
         let flags = u16_at(b, 22);
-        if flags != 0 {
+        let lends = matches!(
+            kind,
+            FrameKind::Request | FrameKind::Response | FrameKind::Message
+        );
+        if flags & !FLAG_LENT != 0 || (flags != 0 && !lends) {
             return Err(HeaderError::Flags(flags));
         }
         Ok(Header {
@@ -195,6 +216,45 @@ impl Header {
             metadata_len: u16_at(b, 20),
             timeout_us: u32_at(b, 24),
             ack: u32_at(b, ACK_AT),
+            flags,
+        })
+    }
+
+    /// Whether the payload is lent ([`FLAG_LENT`]).
+    pub fn is_lent(&self) -> bool {
+        self.flags & FLAG_LENT != 0
+    }
+}
+
+/// A lent payload's descriptor: where the sender's buffer is, how long,
+/// and the key that reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lent {
+    /// The buffer's address, as the sender's fabric names it.
+    pub addr: u64,
+    /// The payload's length.
+    pub len: u32,
+    /// The key that grants reading it over this connection.
+    pub rkey: u32,
+}
+
+impl Lent {
+    /// The descriptor's bytes.
+    pub fn encode(&self) -> [u8; LENT_LEN] {
+        let mut b = [0u8; LENT_LEN];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    /// Parses untrusted bytes: exactly [`LENT_LEN`] of them. Never panics.
+    pub fn decode(b: &[u8]) -> Option<Lent> {
+        let b: &[u8; LENT_LEN] = b.try_into().ok()?;
+        Some(Lent {
+            addr: u64::from_le_bytes(b[..8].try_into().ok()?),
+            len: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            rkey: u32::from_le_bytes(b[12..].try_into().ok()?),
         })
     }
 }
@@ -214,6 +274,7 @@ mod tests {
 
     fn sample() -> Header {
         Header {
+            flags: 0,
             kind: FrameKind::Error,
             status: 0x0102,
             method_id: 0x0304_0506,
@@ -383,6 +444,7 @@ mod tests {
             ack in any::<u32>(),
         ) -> Header {
             Header {
+                flags: 0,
                 kind,
                 status,
                 method_id,

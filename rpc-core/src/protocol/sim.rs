@@ -262,6 +262,7 @@ impl Sim {
             0
         };
         Header {
+            flags: 0,
             kind: FrameKind::Request,
             status: 0,
             method_id: seq as u32 ^ 0xa5a5_a5a5,
@@ -324,6 +325,7 @@ impl Sim {
         self.next_reply += 1;
         self.stats.replies += 1;
         let header = |ack| Header {
+            flags: 0,
             kind: FrameKind::Response,
             status: 0,
             method_id: 0,

@@ -1,12 +1,12 @@
 //! `mem://name`: both ends in one process.
 
-use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
+use super::{CqInner, Ctx, Lending, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
 use crate::Code;
 use crate::auth::{Challenge, Credential, random_nonce, verify_answer};
 use crate::fabric::bootstrap;
 use crate::fabric::{
     Admission, Completion, CompletionKind, Connected, FabricError, LocalSetup, PeerRing, Region,
-    WcStatus, WriteImm,
+    RemoteBuf, WcStatus, WriteImm,
 };
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use std::collections::HashMap;
@@ -32,6 +32,8 @@ pub struct MemIncoming {
     /// The ring itself: the only one the accepting side may write into.
     binding: Weak<RegionInner>,
     dead: Arc<AtomicBool>,
+    /// The buffers the client lends.
+    lending: Arc<Lending>,
     /// What the client presents if the server asks.
     credential: Option<Arc<dyn Credential>>,
     /// The identity the server admitted the client under.
@@ -98,6 +100,8 @@ struct Reply {
     /// The ring itself: the only one the connecting side may write into.
     binding: Weak<RegionInner>,
     dead: Arc<AtomicBool>,
+    /// The buffers the server lends.
+    lending: Arc<Lending>,
 }
 
 /// The peer side of an in-process queue pair.
@@ -111,6 +115,8 @@ pub(super) struct MemWire {
     peer_ring: Weak<RegionInner>,
     /// Set by whichever end closes first; the other end's next post fails.
     peer_dead: Arc<AtomicBool>,
+    /// The buffers the peer lends: this end's reads are served from them.
+    peer_lending: Arc<Lending>,
     pending_reply: Option<(ReplyTx, Reply)>,
 }
 
@@ -132,6 +138,35 @@ impl MemWire {
             wr.imm,
             data,
         )
+    }
+
+    /// An RDMA READ of `src` from the peer's loans into the destination
+    /// posted in `own` as `wr_id`: copied at once, reported on `cq`.
+    pub(super) fn read(
+        &mut self,
+        wr_id: u64,
+        src: RemoteBuf,
+        own: &Lending,
+        cq: &CqInner,
+        qp_num: u32,
+    ) -> Result<(), WcStatus> {
+        if self.peer_dead.load(Ordering::Acquire) {
+            return Err(WcStatus::RetryExceeded);
+        }
+        let (buf, start) = self.peer_lending.find(src.addr, src.rkey, src.len)?;
+        let mut dst = own
+            .receive(wr_id, src.len)
+            .ok_or(WcStatus::Other { vendor: 0 })?;
+        let len = src.len as usize;
+        dst[..len].copy_from_slice(&buf[start..start + len]);
+        own.done(wr_id, dst);
+        cq.push(Completion {
+            wr_id,
+            qp_num,
+            kind: CompletionKind::Read,
+            status: WcStatus::Success,
+        });
+        Ok(())
     }
 
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
@@ -248,6 +283,7 @@ pub(super) fn connect(
         })?;
     let qp_num = next_qp_num();
     let dead = Arc::new(AtomicBool::new(false));
+    let lending = Arc::new(Lending::default());
     let (reply_tx, reply_rx) = bounded(1);
     let incoming = MemIncoming {
         ctx: ctx.clone(),
@@ -256,6 +292,7 @@ pub(super) fn connect(
         ring: peer_ring(&local),
         binding: local.ring.binding(),
         dead: dead.clone(),
+        lending: lending.clone(),
         credential: local.credential.clone(),
         identity: None,
         reply: reply_tx,
@@ -278,6 +315,7 @@ pub(super) fn connect(
     Ok(Connected {
         qp: SoftQp {
             qp_num,
+            lending,
             cq: cq.clone(),
             dead,
             wire: Wire::Mem(MemWire {
@@ -286,6 +324,7 @@ pub(super) fn connect(
                 peer_qp_num: reply.qp_num,
                 peer_ring: reply.binding,
                 peer_dead: reply.dead,
+                peer_lending: reply.lending,
                 pending_reply: None,
             }),
         },
@@ -304,6 +343,7 @@ pub(super) fn accept(
 ) -> Result<Connected<SoftQp>, FabricError> {
     let qp_num = next_qp_num();
     let dead = Arc::new(AtomicBool::new(false));
+    let lending = Arc::new(Lending::default());
     let reply = Reply {
         authenticated: incoming.identity.is_some(),
         ctx: ctx.clone(),
@@ -312,10 +352,12 @@ pub(super) fn accept(
         ring: peer_ring(&local),
         binding: local.ring.binding(),
         dead: dead.clone(),
+        lending: lending.clone(),
     };
     Ok(Connected {
         qp: SoftQp {
             qp_num,
+            lending,
             cq: cq.clone(),
             dead,
             wire: Wire::Mem(MemWire {
@@ -324,6 +366,7 @@ pub(super) fn accept(
                 peer_qp_num: incoming.qp_num,
                 peer_ring: incoming.binding,
                 peer_dead: incoming.dead,
+                peer_lending: incoming.lending,
                 pending_reply: Some((incoming.reply, reply)),
             }),
         },
@@ -350,6 +393,7 @@ pub(super) fn pair(
         ring: PeerRing,
         binding: Weak<RegionInner>,
         dead: Arc<AtomicBool>,
+        lending: Arc<Lending>,
     }
     let end = |(ctx, cq, local): (&Arc<Ctx>, &Arc<CqInner>, LocalSetup<'_, SoftRegion>)| End {
         ctx: ctx.clone(),
@@ -358,10 +402,12 @@ pub(super) fn pair(
         ring: peer_ring(&local),
         binding: local.ring.binding(),
         dead: Arc::new(AtomicBool::new(false)),
+        lending: Arc::new(Lending::default()),
     };
     let connected = |me: &End, peer: &End, peer_addr: String| Connected {
         qp: SoftQp {
             qp_num: me.qp_num,
+            lending: me.lending.clone(),
             cq: me.cq.clone(),
             dead: me.dead.clone(),
             wire: Wire::Mem(MemWire {
@@ -370,6 +416,7 @@ pub(super) fn pair(
                 peer_qp_num: peer.qp_num,
                 peer_ring: peer.binding.clone(),
                 peer_dead: peer.dead.clone(),
+                peer_lending: peer.lending.clone(),
                 pending_reply: None,
             }),
         },

@@ -24,11 +24,13 @@ pub(crate) mod tcp;
 #[cfg(not(feature = "testing"))]
 mod tcp;
 
+use super::cache::{self, Cache};
 use super::{
-    Admission, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
-    FabricUrl, LocalSetup, QueuePair, Region, Scheme, WcStatus, WriteImm,
+    Admission, Buffer, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
+    FabricUrl, LocalSetup, QueuePair, Region, RemoteBuf, Scheme, WcStatus, WriteImm,
 };
 use crate::pages::Pages;
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
@@ -63,6 +65,8 @@ impl std::fmt::Debug for SoftFabric {
 }
 
 pub(crate) struct Ctx {
+    /// Large-message buffers kept for reuse.
+    buffers: Arc<Cache<Pages>>,
     srq: AtomicU64,
     srq_waiters: Mutex<usize>,
     srq_cond: Condvar,
@@ -320,6 +324,7 @@ impl SoftFabric {
     pub fn with_rnr_timeout(rnr_timeout: Duration) -> SoftFabric {
         SoftFabric {
             ctx: Arc::new(Ctx {
+                buffers: Arc::new(Cache::default()),
                 srq: AtomicU64::new(0),
                 srq_waiters: Mutex::new(0),
                 srq_cond: Condvar::new(),
@@ -417,6 +422,7 @@ impl std::fmt::Debug for SoftRegion {
 }
 
 impl Region for SoftRegion {
+    type Buffer = SoftBuffer;
     fn addr(&self) -> u64 {
         self.inner.addr
     }
@@ -436,6 +442,149 @@ impl Region for SoftRegion {
     }
 }
 
+/// A large-message buffer of the soft fabric: mapped pages, from the
+/// context's cache and back to it when dropped.
+pub struct SoftBuffer {
+    pages: Option<Pages>,
+    len: usize,
+    class: usize,
+    cache: Arc<Cache<Pages>>,
+}
+
+impl std::fmt::Debug for SoftBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for SoftBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.pages.as_ref().expect("present until dropped")[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for SoftBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.pages.as_mut().expect("present until dropped")[..self.len]
+    }
+}
+
+impl Drop for SoftBuffer {
+    fn drop(&mut self) {
+        if let Some(pages) = self.pages.take() {
+            cache::count_in_use(self.class, false);
+            // Not kept: unmapped here.
+            drop(self.cache.give(self.class, pages));
+        }
+    }
+}
+
+impl Buffer for SoftBuffer {}
+
+/// A buffer a queue pair lends its peer, and where the peer names it.
+struct Loan {
+    addr: u64,
+    buf: Arc<SoftBuffer>,
+}
+
+/// What a soft queue pair shares with whoever plays its NIC: the buffers
+/// it lends (the peer's reads are served from them) and its reads under
+/// way (their bytes land there).
+#[derive(Default)]
+pub(crate) struct Lending {
+    loans: Mutex<HashMap<u32, Loan>>,
+    next_key: AtomicU32,
+    reads: Mutex<HashMap<u64, ReadSlot>>,
+}
+
+/// A read's destination: waiting for its bytes, or filled.
+enum ReadSlot {
+    /// Posted: `src.len` bytes are to come.
+    Pending(SoftBuffer, RemoteBuf),
+    /// Taken by the reader while the bytes arrive (tcp://).
+    Receiving,
+    /// Complete.
+    Done(SoftBuffer),
+}
+
+impl Lending {
+    fn lend(&self, buf: SoftBuffer) -> RemoteBuf {
+        let n = self.next_key.fetch_add(1, Ordering::Relaxed);
+        // Non-zero keys that do not repeat soon; virtual addresses like
+        // regions', one 2^40-byte stretch per loan of a key.
+        let rkey = (n.wrapping_mul(0x9E37_79B1) | 1).rotate_left(11);
+        let addr = 0x8000_0000_0000u64 | (u64::from(n & 0x7f) << 40);
+        let len = buf.len() as u64;
+        let mut loans = self.loans.lock().unwrap_or_else(|e| e.into_inner());
+        loans.insert(
+            rkey,
+            Loan {
+                addr,
+                buf: Arc::new(buf),
+            },
+        );
+        RemoteBuf { addr, len, rkey }
+    }
+
+    fn unlend(&self, rkey: u32) -> bool {
+        let mut loans = self.loans.lock().unwrap_or_else(|e| e.into_inner());
+        loans.remove(&rkey).is_some()
+    }
+
+    /// The lent bytes a peer's read of `len` bytes at `addr` with `rkey`
+    /// names: the buffer and the offset there; `RemoteAccess` if nothing
+    /// lent under that key covers them.
+    fn find(&self, addr: u64, rkey: u32, len: u64) -> Result<(Arc<SoftBuffer>, usize), WcStatus> {
+        let loans = self.loans.lock().unwrap_or_else(|e| e.into_inner());
+        let loan = loans.get(&rkey).ok_or(WcStatus::RemoteAccess)?;
+        let start = addr.checked_sub(loan.addr).ok_or(WcStatus::RemoteAccess)?;
+        let end = start.checked_add(len).ok_or(WcStatus::RemoteAccess)?;
+        if end > loan.buf.len() as u64 {
+            return Err(WcStatus::RemoteAccess);
+        }
+        Ok((loan.buf.clone(), start as usize))
+    }
+
+    fn post(&self, wr_id: u64, dst: SoftBuffer, src: RemoteBuf) {
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        reads.insert(wr_id, ReadSlot::Pending(dst, src));
+    }
+
+    /// The destination of the read `wr_id` as its bytes start to arrive,
+    /// if it expects exactly `len`.
+    fn receive(&self, wr_id: u64, len: u64) -> Option<SoftBuffer> {
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        match reads.get(&wr_id) {
+            Some(ReadSlot::Pending(_, src)) if src.len == len => {}
+            _ => return None,
+        }
+        match reads.insert(wr_id, ReadSlot::Receiving) {
+            Some(ReadSlot::Pending(buf, _)) => Some(buf),
+            _ => unreachable!("checked above"),
+        }
+    }
+
+    fn done(&self, wr_id: u64, buf: SoftBuffer) {
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        reads.insert(wr_id, ReadSlot::Done(buf));
+    }
+
+    fn take(&self, wr_id: u64) -> Option<SoftBuffer> {
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        match reads.remove(&wr_id) {
+            Some(ReadSlot::Done(buf)) => Some(buf),
+            Some(other) => {
+                reads.insert(wr_id, other);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
 /// How a soft queue pair reaches its peer.
 enum Wire {
     Mem(mem::MemWire),
@@ -445,6 +594,8 @@ enum Wire {
 /// A connected soft queue pair.
 pub struct SoftQp {
     qp_num: u32,
+    /// Its loans and reads.
+    lending: Arc<Lending>,
     /// The completion queue this queue pair reports to.
     cq: Arc<CqInner>,
     dead: Arc<AtomicBool>,
@@ -540,6 +691,43 @@ impl QueuePair for SoftQp {
 
     fn send_queue_depth(&self) -> usize {
         SOFT_SQ_DEPTH
+    }
+
+    fn lend(&mut self, buf: SoftBuffer) -> Result<RemoteBuf, FabricError> {
+        self.check_alive()?;
+        Ok(self.lending.lend(buf))
+    }
+
+    fn unlend(&mut self, rkey: u32) -> bool {
+        self.lending.unlend(rkey)
+    }
+
+    fn post_read(
+        &mut self,
+        wr_id: u64,
+        dst: SoftBuffer,
+        src: RemoteBuf,
+    ) -> Result<(), FabricError> {
+        self.check_alive()?;
+        if src.len > dst.len() as u64 {
+            return Err(FabricError::invalid(
+                "post_read",
+                format!("reading {} bytes into a buffer of {}", src.len, dst.len()),
+            ));
+        }
+        self.lending.post(wr_id, dst, src);
+        let result = match &mut self.wire {
+            Wire::Mem(w) => w.read(wr_id, src, &self.lending, &self.cq, self.qp_num),
+            Wire::Tcp(w) => w.read(wr_id, src),
+        };
+        if let Err(status) = result {
+            self.fail(wr_id, status);
+        }
+        Ok(())
+    }
+
+    fn take_read(&mut self, wr_id: u64) -> Option<SoftBuffer> {
+        self.lending.take(wr_id)
     }
 
     fn established(&mut self) -> Result<(), FabricError> {
@@ -643,6 +831,23 @@ impl Fabric for SoftFabric {
             data: RwLock::new(Pages::new(len).map_err(|e| FabricError::io("mmap", e))?),
         });
         Ok(SoftRegion { inner })
+    }
+
+    fn buffer(&self, len: usize) -> Result<SoftBuffer, FabricError> {
+        let class = cache::class_of(len)
+            .ok_or_else(|| FabricError::invalid("buffer", format!("{len} bytes is too large")))?;
+        let cache = self.ctx.buffers.clone();
+        let pages = match cache.take(class) {
+            Some(p) => p,
+            None => Pages::large(class).map_err(|e| FabricError::io("mmap", e))?,
+        };
+        cache::count_in_use(class, true);
+        Ok(SoftBuffer {
+            pages: Some(pages),
+            len,
+            class,
+            cache,
+        })
     }
 
     fn post_recv(&self, count: u32) -> Result<(), FabricError> {

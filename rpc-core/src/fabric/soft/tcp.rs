@@ -8,7 +8,13 @@
 //! - `ACK`: `tag=4, wr_id u64`: a signaled write was applied; only now does
 //!   the sender see its send completion, as with an RC acknowledgement;
 //! - `NAK`: `tag=2, wr_id u64, status u8`: the receiver rejected a write
-//!   (bad rkey or bounds, or RNR exhaustion); both queue pairs go to error.
+//!   (bad rkey or bounds, or RNR exhaustion) or a read; both queue pairs go
+//!   to error;
+//! - `READ`: `tag=5`, the fields of a `WRITE` (`imm` 0): an RDMA READ of
+//!   `len` bytes at `remote_addr` of a buffer the peer lent under `rkey`;
+//! - `READ_RESP`: `tag=6`, the fields of a `WRITE` (only `wr_id` and `len`
+//!   set), then the `len` bytes read: they land straight in the buffer the
+//!   read was posted with, and the reader reports the read complete.
 //!
 //! No thread per connection: each socket is non-blocking and belongs to the
 //! completion queue its queue pair reports to ([`TcpIo`], one epoll set per
@@ -22,18 +28,21 @@
 //! the target region before a byte of payload is accepted: nothing is
 //! allocated on a peer's say-so.
 
-use super::{CqInner, Ctx, RegionInner, SoftQp, SoftRegion, Wire, next_qp_num};
+use super::{
+    CqInner, Ctx, Lending, RegionInner, SoftBuffer, SoftQp, SoftRegion, Wire, next_qp_num,
+};
 use crate::fabric::bootstrap::{self, Hello, HelloFabric, Link};
 use crate::fabric::gate::Admitted;
 use crate::fabric::tls::Session;
 use crate::fabric::{
     Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
-    WcStatus, WriteImm,
+    RemoteBuf, WcStatus, WriteImm,
 };
 use crate::pages::Pages;
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use slab::Slab;
+use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
@@ -45,6 +54,11 @@ const TAG_WRITE: u8 = 1;
 const TAG_NAK: u8 = 2;
 const TAG_WRITE_SIGNALED: u8 = 3;
 const TAG_ACK: u8 = 4;
+const TAG_READ: u8 = 5;
+const TAG_READ_RESP: u8 = 6;
+/// Bytes of a lent buffer encrypted at a time on a TLS connection: the
+/// session holds no more ciphertext than this waiting for the socket.
+const LENT_TLS_CHUNK: usize = 256 << 10;
 const WRITE_HEADER: usize = 1 + 8 + 8 + 4 + 4 + 4;
 const ACK_LEN: usize = 1 + 8;
 const NAK_LEN: usize = 1 + 8 + 1;
@@ -93,6 +107,18 @@ fn write_head(w: &WriteImm<'_, SoftRegion>, len: u32) -> [u8; WRITE_HEADER] {
     h[9..17].copy_from_slice(&w.remote_addr.to_le_bytes());
     h[17..21].copy_from_slice(&w.rkey.to_le_bytes());
     h[21..25].copy_from_slice(&w.imm.to_le_bytes());
+    h[25..29].copy_from_slice(&len.to_le_bytes());
+    h
+}
+
+/// The fixed part of a `READ` (`tag` [`TAG_READ`]) or `READ_RESP`
+/// ([`TAG_READ_RESP`]) message.
+fn read_head(tag: u8, wr_id: u64, addr: u64, rkey: u32, len: u32) -> [u8; WRITE_HEADER] {
+    let mut h = [0u8; WRITE_HEADER];
+    h[0] = tag;
+    h[1..9].copy_from_slice(&wr_id.to_le_bytes());
+    h[9..17].copy_from_slice(&addr.to_le_bytes());
+    h[17..21].copy_from_slice(&rkey.to_le_bytes());
     h[25..29].copy_from_slice(&len.to_le_bytes());
     h
 }
@@ -400,12 +426,16 @@ enum ReadOutcome {
     Closed,
 }
 
-/// Bytes posted but not yet taken by the socket, in order.
+/// Bytes posted but not yet taken by the socket, in order: `bytes`, then
+/// each of `lent`.
 #[derive(Default)]
 struct TxQueue {
     bytes: Vec<u8>,
     /// How much of `bytes` is written.
     sent: usize,
+    /// Reads of lent buffers being answered: their bytes go to the socket
+    /// from the buffer itself, with no copy.
+    lent: VecDeque<LentChunk>,
     /// Shut down once everything queued is written.
     closing: bool,
     /// The socket failed: nothing more is written.
@@ -416,15 +446,114 @@ struct TxQueue {
     tls: Option<Session>,
 }
 
+/// Bytes of a lent buffer to send (`at..end`), and what was posted after them.
+struct LentChunk {
+    buf: Arc<SoftBuffer>,
+    at: usize,
+    end: usize,
+    then: Vec<u8>,
+}
+
 impl TxQueue {
     fn unsent(&self) -> usize {
         self.bytes.len() - self.sent
     }
 
+    /// Whether nothing waits for the socket (or the TLS session) here.
+    fn idle(&self) -> bool {
+        self.unsent() == 0 && self.lent.is_empty()
+    }
+
     /// Whether everything posted has been written to the socket.
     fn flushed(&self) -> bool {
-        self.unsent() == 0 && !self.tls.as_ref().is_some_and(Session::wants_write)
+        self.idle() && !self.tls.as_ref().is_some_and(Session::wants_write)
     }
+
+    /// Queues `bufs` behind everything queued, skipping their first `skip` bytes.
+    fn queue(&mut self, bufs: &[IoSlice<'_>], mut skip: usize) {
+        let to = match self.lent.back_mut() {
+            Some(chunk) => &mut chunk.then,
+            None => &mut self.bytes,
+        };
+        for b in bufs.iter() {
+            let take = skip.min(b.len());
+            skip -= take;
+            to.extend_from_slice(&b[take..]);
+        }
+    }
+
+    /// Writes what is queued, as far as the socket (or, over TLS, the
+    /// session, a chunk of a lent buffer at a time) takes it. `Err` if the
+    /// socket failed.
+    fn pump(&mut self, stream: &TcpStream) -> Result<(), ()> {
+        if let Some(session) = &mut self.tls {
+            if self.bytes.len() > self.sent {
+                let rest = IoSlice::new(&self.bytes[self.sent..]);
+                session.queue(&[rest]).map_err(drop)?;
+                self.bytes.clear();
+                self.sent = 0;
+            }
+            loop {
+                session.flush(stream).map_err(drop)?;
+                if session.wants_write() {
+                    return Ok(());
+                }
+                let Some(front) = self.lent.front_mut() else {
+                    return Ok(());
+                };
+                if front.at < front.end {
+                    let n = (front.end - front.at).min(LENT_TLS_CHUNK);
+                    let piece = IoSlice::new(&front.buf[front.at..front.at + n]);
+                    session.queue(&[piece]).map_err(drop)?;
+                    front.at += n;
+                } else {
+                    let chunk = self.lent.pop_front().expect("front exists");
+                    if !chunk.then.is_empty() {
+                        session.queue(&[IoSlice::new(&chunk.then)]).map_err(drop)?;
+                    }
+                }
+            }
+        }
+        loop {
+            if self.unsent() > 0 {
+                let left = self.unsent();
+                let n = write_nonblocking(stream, &[IoSlice::new(&self.bytes[self.sent..])])?;
+                self.sent += n;
+                if n < left {
+                    return Ok(());
+                }
+                self.bytes.clear();
+                self.sent = 0;
+                if self.bytes.capacity() > SCRATCH {
+                    self.bytes.shrink_to(SCRATCH);
+                }
+            } else if let Some(front) = self.lent.front_mut() {
+                if front.at < front.end {
+                    let left = front.end - front.at;
+                    let piece = IoSlice::new(&front.buf[front.at..front.end]);
+                    let n = write_nonblocking(stream, &[piece])?;
+                    front.at += n;
+                    if n < left {
+                        return Ok(());
+                    }
+                } else {
+                    let chunk = self.lent.pop_front().expect("front exists");
+                    self.bytes = chunk.then;
+                    self.sent = 0;
+                }
+            } else {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The bytes of a read this side posted, arriving.
+struct InRead {
+    wr_id: u64,
+    buf: SoftBuffer,
+    len: usize,
+    have: usize,
 }
 
 /// An incoming write whose header was read.
@@ -447,6 +576,8 @@ enum RxState {
     },
     /// Reading a write's payload into its region.
     Payload(InWrite),
+    /// Reading the bytes of a read this side posted into its buffer.
+    ReadData(InRead),
     /// A write is in, but the shared receive queue is empty: waiting for a
     /// receive, as RNR retries do, until `since` + the RNR timeout.
     Stalled { write: InWrite, since: Instant },
@@ -460,6 +591,32 @@ struct Rx {
     carry: Vec<u8>,
 }
 
+impl Rx {
+    /// With at least [`DIRECT_READ`] bytes of a payload (or read data) to
+    /// come, runs `read` on where they go and counts what it placed; `None`
+    /// otherwise (read into the scratch buffer).
+    fn direct(
+        &mut self,
+        read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
+    ) -> Option<std::io::Result<usize>> {
+        let (r, have) = match &mut self.state {
+            RxState::Payload(w) if w.len - w.have >= DIRECT_READ => {
+                let (region, start) = w.target.as_ref()?;
+                let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
+                (read(&mut bytes[start + w.have..start + w.len]), &mut w.have)
+            }
+            RxState::ReadData(r) if r.len - r.have >= DIRECT_READ => {
+                (read(&mut r.buf[r.have..r.len]), &mut r.have)
+            }
+            _ => return None,
+        };
+        if let Ok(n) = r {
+            *have += n;
+        }
+        Some(r)
+    }
+}
+
 /// One tcp:// queue pair's socket: its receiving NIC and its send queue.
 pub(super) struct TcpConn {
     qp_num: u32,
@@ -470,6 +627,10 @@ pub(super) struct TcpConn {
     stream: TcpStream,
     /// Shared with the [`SoftQp`]: set when either side fails or closes it.
     dead: Arc<AtomicBool>,
+    /// Shared with the [`SoftQp`]: the buffers it lends (this reader
+    /// answers the peer's reads from them) and its reads (whose bytes this
+    /// reader places).
+    lending: Arc<Lending>,
     /// Whether the connection runs over TLS (its session is in `tx`).
     /// Lock order: `rx`, then `tx`, then a ring's bytes.
     tls: bool,
@@ -512,6 +673,7 @@ impl TcpConn {
         ctx: Arc<Ctx>,
         stream: TcpStream,
         dead: Arc<AtomicBool>,
+        lending: Arc<Lending>,
         tls: Option<Session>,
     ) -> TcpConn {
         TcpConn {
@@ -520,6 +682,7 @@ impl TcpConn {
             ctx,
             stream,
             dead,
+            lending,
             tls: tls.is_some(),
             rx: Mutex::new(Rx {
                 state: RxState::Head {
@@ -548,6 +711,11 @@ impl TcpConn {
         if tx.failed || tx.closing {
             return Err(());
         }
+        if !tx.idle() {
+            // Behind what waits, in order.
+            tx.queue(bufs, 0);
+            return Ok(());
+        }
         if let Some(session) = &mut tx.tls {
             if session.queue(bufs).is_ok() && session.flush(&self.stream).is_ok() {
                 return Ok(());
@@ -555,26 +723,42 @@ impl TcpConn {
             tx.failed = true;
             return Err(());
         }
-        let written = if tx.unsent() == 0 {
-            match write_nonblocking(&self.stream, bufs) {
-                Ok(n) => n,
-                Err(()) => {
-                    tx.failed = true;
-                    return Err(());
-                }
+        let written = match write_nonblocking(&self.stream, bufs) {
+            Ok(n) => n,
+            Err(()) => {
+                tx.failed = true;
+                return Err(());
             }
-        } else {
-            0
         };
-        if tx.unsent() == 0 {
-            tx.bytes.clear();
-            tx.sent = 0;
+        tx.bytes.clear();
+        tx.sent = 0;
+        tx.queue(bufs, written);
+        Ok(())
+    }
+
+    /// Sends `head`, then `buf[start..end]` from the buffer itself, after
+    /// everything sent before. Never blocks; `Err` as [`TcpConn::send`].
+    fn send_lent(
+        &self,
+        head: &[u8],
+        buf: Arc<SoftBuffer>,
+        start: usize,
+        end: usize,
+    ) -> Result<(), ()> {
+        let mut tx = self.tx();
+        if tx.failed || tx.closing {
+            return Err(());
         }
-        let mut skip = written;
-        for b in bufs.iter() {
-            let take = skip.min(b.len());
-            skip -= take;
-            tx.bytes.extend_from_slice(&b[take..]);
+        tx.queue(&[IoSlice::new(head)], 0);
+        tx.lent.push_back(LentChunk {
+            buf,
+            at: start,
+            end,
+            then: Vec::new(),
+        });
+        if tx.pump(&self.stream).is_err() {
+            tx.failed = true;
+            return Err(());
         }
         Ok(())
     }
@@ -585,34 +769,10 @@ impl TcpConn {
         if tx.failed {
             return;
         }
-        if let Some(session) = &mut tx.tls {
-            if session.flush(&self.stream).is_err() {
-                tx.failed = true;
-                drop(tx);
-                self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, None);
-            }
-            return;
-        }
-        if tx.unsent() == 0 {
-            return;
-        }
-        let TxQueue { bytes, sent, .. } = &mut *tx;
-        match write_nonblocking(&self.stream, &[IoSlice::new(&bytes[*sent..])]) {
-            Ok(n) => {
-                *sent += n;
-                if *sent == bytes.len() {
-                    bytes.clear();
-                    *sent = 0;
-                    if bytes.capacity() > SCRATCH {
-                        bytes.shrink_to(SCRATCH);
-                    }
-                }
-            }
-            Err(()) => {
-                tx.failed = true;
-                drop(tx);
-                self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, None);
-            }
+        if tx.pump(&self.stream).is_err() {
+            tx.failed = true;
+            drop(tx);
+            self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, None);
         }
     }
 
@@ -686,22 +846,8 @@ impl TcpConn {
         }
         let mut budget = READ_BUDGET;
         loop {
-            let direct = match &rx.state {
-                RxState::Payload(w) if w.len - w.have >= DIRECT_READ => w.target.clone(),
-                _ => None,
-            };
-            let read = match direct {
-                Some((region, start)) => {
-                    let RxState::Payload(w) = &mut rx.state else {
-                        unreachable!("checked above")
-                    };
-                    let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
-                    let r = (&self.stream).read(&mut bytes[start + w.have..start + w.len]);
-                    if let Ok(n) = r {
-                        w.have += n;
-                    }
-                    r.map(|n| (n, true))
-                }
+            let read = match rx.direct(|dst| (&self.stream).read(dst)) {
+                Some(r) => r.map(|n| (n, true)),
                 None => (&self.stream).read(scratch).map(|n| (n, false)),
             };
             match read {
@@ -736,6 +882,10 @@ impl TcpConn {
         cq: &CqInner,
     ) -> Option<ReadOutcome> {
         if direct {
+            if matches!(&rx.state, RxState::ReadData(r) if r.have == r.len) {
+                self.read_done(rx, cq);
+                return None;
+            }
             if !matches!(&rx.state, RxState::Payload(w) if w.have == w.len) {
                 return None;
             }
@@ -791,27 +941,13 @@ impl TcpConn {
         }
         let mut budget = READ_BUDGET;
         loop {
-            let direct = match &rx.state {
-                RxState::Payload(w) if w.len - w.have >= DIRECT_READ => w.target.clone(),
-                _ => None,
-            };
             let got = {
                 let mut tx = self.tx();
                 let Some(session) = &mut tx.tls else {
                     unreachable!("a TLS connection has a session")
                 };
-                let read = match &direct {
-                    Some((region, start)) => {
-                        let RxState::Payload(w) = &mut rx.state else {
-                            unreachable!("checked above")
-                        };
-                        let mut bytes = region.data.write().unwrap_or_else(|e| e.into_inner());
-                        let r = session.read_plaintext(&mut bytes[start + w.have..start + w.len]);
-                        if let Ok(n) = r {
-                            w.have += n;
-                        }
-                        r.map(|n| (n, true))
-                    }
+                let read = match rx.direct(|dst| session.read_plaintext(dst)) {
+                    Some(r) => r.map(|n| (n, true)),
                     None => session.read_plaintext(scratch).map(|n| (n, false)),
                 };
                 match read {
@@ -867,7 +1003,7 @@ impl TcpConn {
                 RxState::Head { head, have } => {
                     let need = match head[0] {
                         _ if *have == 0 => 1,
-                        TAG_WRITE | TAG_WRITE_SIGNALED => WRITE_HEADER,
+                        TAG_WRITE | TAG_WRITE_SIGNALED | TAG_READ | TAG_READ_RESP => WRITE_HEADER,
                         TAG_ACK => ACK_LEN,
                         TAG_NAK => NAK_LEN,
                         other => {
@@ -922,6 +1058,15 @@ impl TcpConn {
                         }
                     }
                 }
+                RxState::ReadData(r) => {
+                    let take = (r.len - r.have).min(data.len());
+                    r.buf[r.have..r.have + take].copy_from_slice(&data[..take]);
+                    r.have += take;
+                    data = &data[take..];
+                    if r.have == r.len {
+                        self.read_done(rx, cq);
+                    }
+                }
                 RxState::Stalled { .. } => return Parsed::Stalled(data.len()),
                 RxState::Done => return Parsed::Stop,
             }
@@ -945,6 +1090,34 @@ impl TcpConn {
                     kind: CompletionKind::Send,
                     status: WcStatus::Success,
                 });
+                Step::Go
+            }
+            TAG_READ => self.serve_read(rx, u64_at(1), u64_at(9), u32_at(17), u32_at(25), cq),
+            TAG_READ_RESP => {
+                let (wr_id, len) = (u64_at(1), u32_at(25) as usize);
+                // Only a read this side posted, of exactly its length:
+                // nothing is allocated on the peer's say-so.
+                let Some(buf) = self.lending.receive(wr_id, len as u64) else {
+                    tracing::warn!(
+                        qp_num = self.qp_num,
+                        wr_id,
+                        len,
+                        "closing connection: the peer answered a read that was not posted"
+                    );
+                    rx.state = RxState::Done;
+                    let status = WcStatus::Other { vendor: 0 };
+                    self.fail_local(wr_id, CompletionKind::Read, status, Some(cq));
+                    return Step::Stop;
+                };
+                rx.state = RxState::ReadData(InRead {
+                    wr_id,
+                    buf,
+                    len,
+                    have: 0,
+                });
+                if len == 0 {
+                    self.read_done(rx, cq);
+                }
                 Step::Go
             }
             TAG_NAK => {
@@ -1040,6 +1213,65 @@ impl TcpConn {
             let _ = self.send(&[IoSlice::new(&ack_message(w.wr_id))]);
         }
         Step::Go
+    }
+
+    /// The peer reads `len` bytes at `addr` of what this side lent under
+    /// `rkey`: the bytes go out from the buffer itself. A read of anything
+    /// not lent is rejected, and the connection closes.
+    fn serve_read(
+        &self,
+        rx: &mut Rx,
+        wr_id: u64,
+        addr: u64,
+        rkey: u32,
+        len: u32,
+        cq: &CqInner,
+    ) -> Step {
+        match self.lending.find(addr, rkey, u64::from(len)) {
+            Ok((buf, start)) => {
+                let head = read_head(TAG_READ_RESP, wr_id, 0, 0, len);
+                if self
+                    .send_lent(&head, buf, start, start + len as usize)
+                    .is_err()
+                {
+                    rx.state = RxState::Done;
+                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
+                    return Step::Stop;
+                }
+                Step::Go
+            }
+            Err(status) => {
+                tracing::warn!(
+                    qp_num = self.qp_num,
+                    len,
+                    "closing connection: the peer read memory that was not lent to it"
+                );
+                rx.state = RxState::Done;
+                self.nak(wr_id, 0, status, cq);
+                Step::Stop
+            }
+        }
+    }
+
+    /// The bytes of the read under way are all in: it is complete.
+    fn read_done(&self, rx: &mut Rx, cq: &CqInner) {
+        let state = std::mem::replace(
+            &mut rx.state,
+            RxState::Head {
+                head: [0; WRITE_HEADER],
+                have: 0,
+            },
+        );
+        let RxState::ReadData(r) = state else {
+            unreachable!("called with a read under way")
+        };
+        self.lending.done(r.wr_id, r.buf);
+        cq.push(Completion {
+            wr_id: r.wr_id,
+            qp_num: self.qp_num,
+            kind: CompletionKind::Read,
+            status: WcStatus::Success,
+        });
     }
 
     fn retry_stalled(&self, rx: &mut Rx, cq: &CqInner) -> Step {
@@ -1187,6 +1419,16 @@ impl TcpWire {
         Ok(())
     }
 
+    /// Asks the peer for the bytes of `src` (a `READ`); its `READ_RESP`
+    /// completes the read posted as `wr_id`.
+    pub(super) fn read(&mut self, wr_id: u64, src: RemoteBuf) -> Result<(), WcStatus> {
+        let len = u32::try_from(src.len).map_err(|_| WcStatus::Other { vendor: 0 })?;
+        let head = read_head(TAG_READ, wr_id, src.addr, src.rkey, len);
+        self.conn
+            .send(&[IoSlice::new(&head)])
+            .map_err(|()| WcStatus::RetryExceeded)
+    }
+
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending_hello.take() {
             let bytes = hello.encode();
@@ -1299,18 +1541,21 @@ fn finish(
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     let dead = Arc::new(AtomicBool::new(false));
+    let lending = Arc::new(Lending::default());
     let conn = Arc::new(TcpConn::new(
         qp_num,
         ring,
         ctx.clone(),
         stream,
         dead.clone(),
+        lending.clone(),
         tls,
     ));
     let key = cq.io()?.register(conn.clone())?;
     Ok(Connected {
         qp: SoftQp {
             qp_num,
+            lending,
             cq: cq.clone(),
             dead,
             wire: Wire::Tcp(TcpWire {

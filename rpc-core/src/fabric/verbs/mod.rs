@@ -42,6 +42,7 @@ mod qp;
 mod region;
 mod resources;
 
+use crate::fabric::cache::HeapBuffer;
 use cq::CqInner;
 pub use cq::VerbsCq;
 pub use device::DeviceChoice;
@@ -58,8 +59,8 @@ use resources::{CompChannel, Context, Cq, Mr, Mw, Pd, Qp, Srq, is_full};
 
 use super::{
     Admission, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
-    FabricErrorKind, FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, WcStatus,
-    WriteImm,
+    FabricErrorKind, FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, RemoteBuf,
+    WcStatus, WriteImm,
 };
 use crate::fabric::bootstrap::{self, Hello, HelloFabric, Link};
 use crate::fabric::gate::{Admitted, Gate};
@@ -231,6 +232,10 @@ impl Fabric for VerbsFabric {
     /// Memory peers write is registered without remote access when the
     /// device has type-2 windows: each connection opens it to its own queue
     /// pair through a window.
+    fn buffer(&self, len: usize) -> Result<HeapBuffer, FabricError> {
+        Ok(HeapBuffer(vec![0; len]))
+    }
+
     fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
         let i = &self.inner;
         Ok(VerbsRegion {

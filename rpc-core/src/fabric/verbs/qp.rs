@@ -344,6 +344,37 @@ impl QueuePair for VerbsQp {
         self.qp.qp.sq_depth as usize
     }
 
+    fn lends(&self) -> bool {
+        false
+    }
+
+    fn lend(&mut self, _buf: HeapBuffer) -> Result<RemoteBuf, FabricError> {
+        Err(FabricError::invalid(
+            "lend",
+            "rdma:// does not lend buffers yet",
+        ))
+    }
+
+    fn unlend(&mut self, _rkey: u32) -> bool {
+        false
+    }
+
+    fn post_read(
+        &mut self,
+        _wr_id: u64,
+        _dst: HeapBuffer,
+        _src: RemoteBuf,
+    ) -> Result<(), FabricError> {
+        Err(FabricError::invalid(
+            "post_read",
+            "rdma:// does not read lent buffers yet",
+        ))
+    }
+
+    fn take_read(&mut self, _wr_id: u64) -> Option<HeapBuffer> {
+        None
+    }
+
     fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending.take() {
             bootstrap::send(&mut self.link, &hello)?;

@@ -19,6 +19,7 @@ impl std::fmt::Debug for VerbsRegion {
 }
 
 impl Region for VerbsRegion {
+    type Buffer = HeapBuffer;
     fn addr(&self) -> u64 {
         self.mr.buf.as_ptr() as u64
     }

@@ -95,6 +95,7 @@ impl std::fmt::Debug for Harness {
 
 fn ctx(rnr_timeout: Duration) -> Arc<Ctx> {
     Arc::new(Ctx {
+        buffers: Default::default(),
         srq: AtomicU64::new(0),
         srq_waiters: Mutex::new(0),
         srq_cond: Condvar::new(),
@@ -152,6 +153,7 @@ impl Harness {
             ctx.clone(),
             TcpStream::from(OwnedFd::from(ours)),
             Arc::new(AtomicBool::new(false)),
+            Default::default(),
             None,
         );
         let cq: &CqInner = &self.cq.inner;

@@ -1,0 +1,168 @@
+//! Large messages travel by rendezvous: the sender lends its encoded
+//! message to the connection and the receiver reads it straight into its
+//! own buffer (an RDMA READ; emulated on mem:// and tcp://). Requests and
+//! responses of any size up to the limit arrive intact, a message above
+//! the limit fails at its sender with `ResourceExhausted`, and small calls
+//! on the same connection go on meanwhile.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use examples::echo::echo_client::EchoClient;
+use rpc_core::Code;
+
+/// The tests of this file one at a time: they count the process's
+/// large-message buffers.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sends `len` bytes and asks for `reply` bytes back, checking both.
+fn round_trip(echo: &EchoClient, len: usize, seed: u64) {
+    let payload = pattern(len, seed);
+    let reply = echo
+        .echo(echo_request("large", payload.clone(), &[]))
+        .wait()
+        .unwrap_or_else(|e| panic!("echo of {len} bytes: {e}"));
+    let got = reply.into_inner().payload;
+    assert_eq!(got.len(), len, "echoed length");
+    assert!(got == payload, "echo of {len} bytes differs");
+}
+
+on_every_fabric! {
+    fn messages_of_every_size_round_trip(url: &str) {
+        let _serial = serial();
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        // Around the rendezvous threshold and the ring's half, and well past.
+        for (i, len) in [0, 1, 32 << 10, (32 << 10) + 1, 1 << 20, (1 << 20) + 7, 9 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            round_trip(&echo, len, i as u64);
+        }
+    }
+}
+
+on_every_fabric! {
+    fn a_message_above_the_limit_fails_at_its_sender(url: &str) {
+        let _serial = serial();
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).max_message_size(4 << 20), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        let err = echo
+            .echo(echo_request("too-big", vec![0; 5 << 20], &[]))
+            .wait()
+            .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        assert!(err.message().contains(&(4 << 20).to_string()), "names the limit: {err}");
+        // The connection is fine.
+        round_trip(&echo, 3 << 20, 1);
+    }
+}
+
+on_every_fabric! {
+    fn small_calls_pass_while_large_ones_are_read(url: &str) {
+        let _serial = serial();
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        let big = std::thread::spawn({
+            let echo = echo.clone();
+            move || {
+                for i in 0..4 {
+                    round_trip(&echo, 16 << 20, i);
+                }
+            }
+        });
+        for i in 0..200u64 {
+            round_trip(&echo, 100, i);
+        }
+        big.join().unwrap();
+    }
+}
+
+/// `len` bytes of a pattern, quickly (a word at a time: this is a debug build).
+fn big_pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    v
+}
+
+/// Waits up to 10 s for `f` to hold.
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !f() {
+        assert!(std::time::Instant::now() < until, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+on_soft_fabrics! {
+    /// The bar: a 1 GiB request and a 1 GiB response, every byte
+    /// checked (the echo answers with what it received).
+    fn a_gibibyte_each_way_round_trips_intact(url: &str) {
+        let _serial = serial();
+        let len = 1 << 30;
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).max_message_size(len + 64), url);
+        let echo = EchoClient::new(
+            rpc_core::Channel::builder(server.local_url())
+                .max_message_size(len + 64)
+                .timeout(LIMIT)
+                .connect()
+                .unwrap(),
+        );
+        let payload = big_pattern(len, 3);
+        let reply = echo
+            .echo(echo_request("gib", payload.clone(), &[]))
+            .wait()
+            .unwrap_or_else(|e| panic!("echo of 1 GiB: {e}"));
+        let got = reply.into_inner().payload;
+        assert_eq!(got.len(), len);
+        assert!(got == payload, "the echoed GiB differs");
+        drop(got);
+        eventually("buffers in use return once the call is done", || {
+            rpc_core::fabric::buffer_bytes().0 == 0
+        });
+    }
+}
+
+on_soft_fabrics! {
+    /// A server that goes away while it reads a large request: the call
+    /// fails `Unavailable`, and both sides' buffers are returned.
+    fn a_peer_lost_mid_transfer_leaves_no_buffers(url: &str) {
+        let _serial = serial();
+        let len = 256 << 20;
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).max_message_size(len + 64), url);
+        let echo = EchoClient::new(
+            rpc_core::Channel::builder(server.local_url())
+                .max_message_size(len + 64)
+                .timeout(LIMIT)
+                .connect()
+                .unwrap(),
+        );
+        let call = std::thread::spawn(move || {
+            echo.echo(echo_request("cut", big_pattern(len, 5), &[])).wait()
+        });
+        // Both sides hold a buffer: the client's lent request, the
+        // server's destination.
+        eventually("the transfer starts", || {
+            rpc_core::fabric::buffer_bytes().0 >= 2 * len
+        });
+        drop(server);
+        let err = call.join().unwrap().expect_err("the server went away");
+        assert_eq!(err.code(), rpc_core::Code::Unavailable, "{err}");
+        eventually("no buffer is left in use", || rpc_core::fabric::buffer_bytes().0 == 0);
+    }
+}
