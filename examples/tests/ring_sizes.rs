@@ -12,9 +12,11 @@ use common::*;
 use examples::echo::echo_client::EchoClient;
 use rpc_core::{Channel, Code};
 
-/// What a client with default settings accepts: half its 2 MiB ring, less
-/// the 32-byte frame header.
+/// A client's message limit in these tests: below half its 2 MiB ring, as
+/// on a fabric without rendezvous.
 const DEFAULT_CLIENT_LIMIT: usize = (1 << 20) - 32;
+/// A server's message limit in these tests.
+const SERVER_LIMIT: usize = 512 << 10;
 
 /// A small echo round trip on `echo` works.
 fn echoes(echo: &EchoClient, tag: &str) {
@@ -28,8 +30,16 @@ fn echoes(echo: &EchoClient, tag: &str) {
 on_every_fabric! {
     fn a_large_ring_server_serves_default_clients(url: &str) {
         let probe = Probe::new();
-        let server = serve(test_server(&probe).ring_size(256 << 20), url);
-        let echo = EchoClient::new(channel(server.local_url()));
+        let server = serve(
+            test_server(&probe).ring_size(256 << 20).max_message_size(16 << 20),
+            url,
+        );
+        let echo = EchoClient::new(
+            Channel::builder(server.local_url())
+                .max_message_size(DEFAULT_CLIENT_LIMIT)
+                .connect()
+                .unwrap(),
+        );
         echoes(&echo, "small");
 
         // Requests far larger than the client's own limit go through: the
@@ -54,9 +64,12 @@ on_every_fabric! {
             "names the client's limit: {message}"
         );
         assert!(message.contains("response"), "says what was too large: {message}");
-        assert!(message.contains("ring_size"), "says how to raise the limit: {message}");
-        // The server's own limit for this client: half its 64 MiB share.
-        let server_limit = ((32 << 20) - 32).to_string();
+        assert!(
+            message.contains("max_message_size"),
+            "says how to raise the limit: {message}"
+        );
+        // The server's own limit.
+        let server_limit = (16 << 20).to_string();
         assert!(message.contains(&server_limit), "names the server's limit: {message}");
 
         // The connection is still good, and a client with a larger ring
@@ -80,7 +93,7 @@ on_every_fabric! {
 on_every_fabric! {
     fn a_client_with_a_large_ring_uses_a_default_server(url: &str) {
         let probe = Probe::new();
-        let server = serve(test_server(&probe), url);
+        let server = serve(test_server(&probe).max_message_size(SERVER_LIMIT), url);
         let echo = EchoClient::new(
             Channel::builder(server.local_url())
                 .ring_size(128 << 20)
@@ -99,7 +112,7 @@ on_every_fabric! {
             .wait()
             .unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
-        assert!(err.message().contains(&DEFAULT_CLIENT_LIMIT.to_string()), "{err}");
+        assert!(err.message().contains(&SERVER_LIMIT.to_string()), "{err}");
         bounded("shutdown", move || server.shutdown());
     }
 }

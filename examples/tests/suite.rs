@@ -308,14 +308,18 @@ fn largest_payload(max_body: usize, metadata_len: usize) -> usize {
 }
 
 on_every_fabric! {
-    fn message_sizes_up_to_the_ring_limit(url: &str) {
+    fn message_sizes_up_to_the_limit(url: &str) {
         assert_eq!(MAX_BODY, RING / 2 - HEADER_LEN);
         let server = serve(
-            Server::builder().add_service(EchoServer::new(EchoService)).ring_size(RING),
+            Server::builder()
+                .add_service(EchoServer::new(EchoService))
+                .ring_size(RING)
+                .max_message_size(MAX_BODY),
             url,
         );
         let ch = Channel::builder(server.local_url())
             .ring_size(RING)
+            .max_message_size(MAX_BODY)
             .timeout(LIMIT)
             .connect()
             .unwrap();
@@ -374,12 +378,13 @@ on_every_fabric! {
 }
 
 on_every_fabric! {
-    fn response_too_large_for_the_client_ring(url: &str) {
+    fn response_too_large_for_the_client(url: &str) {
         let probe = Probe::new();
         let server = serve(test_server(&probe).ring_size(RING), url);
         let client_ring = 8192;
         let ch = Channel::builder(server.local_url())
             .ring_size(client_ring)
+            .max_message_size(client_ring / 2 - HEADER_LEN)
             .timeout(LIMIT)
             .connect()
             .unwrap();

@@ -51,9 +51,11 @@ pub(crate) fn class_of(len: usize) -> Option<usize> {
 }
 
 /// A large-message buffer on the heap, for a fabric that does not lend.
+#[cfg(feature = "verbs")]
 #[derive(Debug, Default)]
-pub struct HeapBuffer(#[allow(dead_code)] pub(crate) Vec<u8>);
+pub struct HeapBuffer(pub(crate) Vec<u8>);
 
+#[cfg(feature = "verbs")]
 impl std::ops::Deref for HeapBuffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -61,12 +63,14 @@ impl std::ops::Deref for HeapBuffer {
     }
 }
 
+#[cfg(feature = "verbs")]
 impl std::ops::DerefMut for HeapBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         &mut self.0
     }
 }
 
+#[cfg(feature = "verbs")]
 impl super::Buffer for HeapBuffer {}
 
 /// Buffers of type `T` kept by size class.

@@ -320,13 +320,14 @@ mod tests {
             FrameKind::Message,
             FrameKind::HalfClose,
             FrameKind::Window,
+            FrameKind::Release,
         ] {
             assert_eq!(FrameKind::from_u8(kind as u8), Some(kind));
             let h = Header { kind, ..sample() };
             assert_eq!(Header::decode(&encoded(&h)), Ok(h));
         }
         assert_eq!(FrameKind::from_u8(0), None);
-        assert_eq!(FrameKind::from_u8(9), None);
+        assert_eq!(FrameKind::from_u8(10), None);
         assert_eq!(FrameKind::from_u8(255), None);
     }
 
@@ -358,7 +359,7 @@ mod tests {
     #[test]
     fn decode_bad_kind() {
         let mut bytes = encoded(&sample());
-        for k in [0u8, 9, 200] {
+        for k in [0u8, 10, 200] {
             bytes[1] = k;
             assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(k)));
         }
@@ -377,14 +378,19 @@ mod tests {
     #[test]
     fn decode_checks_version_before_kind_before_flags() {
         let mut bytes = encoded(&sample());
-        bytes[0] = 9;
-        bytes[1] = 9;
-        bytes[22] = 9;
-        assert_eq!(Header::decode(&bytes), Err(HeaderError::Version(9)));
+        bytes[0] = 10;
+        bytes[1] = 10;
+        bytes[22] = 10;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Version(10)));
         bytes[0] = VERSION;
-        assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(9)));
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(10)));
         bytes[1] = FrameKind::Request as u8;
-        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(9)));
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(10)));
+        // The one flag there is: on the kinds that carry a message only.
+        bytes[22] = FLAG_LENT as u8;
+        assert!(Header::decode(&bytes).is_ok_and(|h| h.is_lent()));
+        bytes[1] = FrameKind::Cancel as u8;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(1)));
     }
 
     #[test]
