@@ -50,29 +50,6 @@ pub(crate) fn class_of(len: usize) -> Option<usize> {
     (class <= 1 << 40).then_some(class)
 }
 
-/// A large-message buffer on the heap, for a fabric that does not lend.
-#[cfg(feature = "verbs")]
-#[derive(Debug, Default)]
-pub struct HeapBuffer(pub(crate) Vec<u8>);
-
-#[cfg(feature = "verbs")]
-impl std::ops::Deref for HeapBuffer {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-#[cfg(feature = "verbs")]
-impl std::ops::DerefMut for HeapBuffer {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.0
-    }
-}
-
-#[cfg(feature = "verbs")]
-impl super::Buffer for HeapBuffer {}
-
 /// Buffers of type `T` kept by size class.
 pub(crate) struct Cache<T> {
     inner: Mutex<Inner<T>>,

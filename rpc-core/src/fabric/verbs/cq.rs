@@ -93,6 +93,10 @@ impl VerbsFabric {
                     },
                     status,
                 )
+            } else if status == WcStatus::Success
+                && wc.opcode() == ffi::ibv_wc_opcode::IBV_WC_RDMA_READ
+            {
+                (CompletionKind::Read, status)
             } else {
                 (CompletionKind::Send, status)
             };

@@ -42,7 +42,7 @@ mod qp;
 mod region;
 mod resources;
 
-use crate::fabric::cache::HeapBuffer;
+use crate::fabric::cache::{self, Cache};
 use cq::CqInner;
 pub use cq::VerbsCq;
 pub use device::DeviceChoice;
@@ -54,7 +54,7 @@ pub use liveness::KEEPALIVE_BOUND;
 use liveness::{Liveness, Watched, set_keepalive};
 pub use qp::VerbsQp;
 use qp::{BIND_WR_ID, random_psn};
-pub use region::VerbsRegion;
+pub use region::{VerbsBuffer, VerbsRegion};
 use resources::{CompChannel, Context, Cq, Mr, Mw, Pd, Qp, Srq, is_full};
 
 use super::{
@@ -72,6 +72,9 @@ use std::time::Duration;
 
 /// Send-queue entries per queue pair.
 const SQ_DEPTH: u32 = 256;
+/// Reads of lent payloads a queue pair has in flight at most; more wait
+/// in it for one to complete.
+pub(super) const MAX_READS: usize = 16;
 /// Most work requests chained in one `ibv_post_send`.
 const MAX_CHAIN: usize = 16;
 /// Zero-length receives kept on the SRQ at most.
@@ -109,6 +112,10 @@ struct Inner {
     /// Whether each connection's ring is opened through a type-2 memory
     /// window bound to its queue pair (else: registered for remote write).
     windows: bool,
+    /// Large-message buffers kept registered for reuse.
+    buffers: Arc<Cache<Arc<Mr>>>,
+    /// RDMA READs a queue pair keeps in flight (and serves for its peer).
+    rd_atomic: u8,
 }
 
 /// A verbs device context with its SRQ and CQs; see the module docs.
@@ -177,6 +184,8 @@ impl VerbsFabric {
                 srq_topped_up: 0.into(),
                 liveness: Liveness::default(),
                 windows,
+                buffers: Arc::new(Cache::default()),
+                rd_atomic: rd_atomic(&attr),
             }),
         })
     }
@@ -232,8 +241,9 @@ impl Fabric for VerbsFabric {
     /// Memory peers write is registered without remote access when the
     /// device has type-2 windows: each connection opens it to its own queue
     /// pair through a window.
-    fn buffer(&self, len: usize) -> Result<HeapBuffer, FabricError> {
-        Ok(HeapBuffer(vec![0; len]))
+    fn buffer(&self, len: usize) -> Result<VerbsBuffer, FabricError> {
+        let i = &self.inner;
+        VerbsBuffer::take(&i.buffers, &i.pd, len, i.windows)
     }
 
     fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
@@ -349,6 +359,13 @@ impl Fabric for VerbsFabric {
             identity,
         )
     }
+}
+
+/// How many RDMA READs a queue pair keeps in flight, as initiator and as
+/// responder: [`MAX_READS`], or fewer if the device allows fewer.
+fn rd_atomic(attr: &ffi::ibv_device_attr) -> u8 {
+    let device = attr.max_qp_rd_atom.min(attr.max_qp_init_rd_atom).max(1);
+    (MAX_READS as i32).min(device) as u8
 }
 
 /// Whether the device has type-2 memory windows (and the provider the

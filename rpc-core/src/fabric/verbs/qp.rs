@@ -12,6 +12,9 @@ pub(super) const RC_RETRIES: u8 = 6;
 /// The work request id of a memory window's bind: never a write's (those
 /// count up from zero), and kept from the dispatcher (see `await_bind`).
 pub(super) const BIND_WR_ID: u64 = u64::MAX;
+/// The work request id of a loan's bind (unsignaled: reported only if it
+/// fails, and then the queue pair is dead anyway).
+pub(super) const LEND_BIND_WR_ID: u64 = u64::MAX - 1;
 
 impl VerbsFabric {
     /// Our half of the handshake; the ring's rkey is `window`'s (after its
@@ -119,7 +122,10 @@ impl VerbsFabric {
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
         a.pkey_index = 0;
         a.port_num = i.choice.port;
-        a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        // Remote read: the peer reads what this side lends (through
+        // windows bound per loan where the device has them).
+        a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
         use ffi::ibv_qp_attr_mask as m;
         qp.qp.modify(
             &mut a,
@@ -148,7 +154,7 @@ impl VerbsFabric {
         };
         a.dest_qp_num = peer.qp_num;
         a.rq_psn = peer.psn;
-        a.max_dest_rd_atomic = 1;
+        a.max_dest_rd_atomic = self.inner.rd_atomic;
         a.min_rnr_timer = 12;
         a.ah_attr.port_num = c.port;
         a.ah_attr.dlid = peer.lid;
@@ -177,7 +183,7 @@ impl VerbsFabric {
         a.retry_cnt = RC_RETRIES;
         a.rnr_retry = 7; // retry forever: the SRQ is refilled, RNR only delays
         a.sq_psn = psn;
-        a.max_rd_atomic = 1;
+        a.max_rd_atomic = self.inner.rd_atomic;
         let mask = m::IBV_QP_STATE
             | m::IBV_QP_TIMEOUT
             | m::IBV_QP_RETRY_CNT
@@ -214,8 +220,13 @@ impl VerbsFabric {
             .watch(stream, side, qp.qp_num(), qp.incarnation)?;
         Ok(Connected {
             qp: VerbsQp {
+                loans: HashMap::new(),
                 _window: window,
                 qp,
+                reads: HashMap::new(),
+                queued_reads: VecDeque::new(),
+                reads_in_flight: 0,
+                windows: self.inner.windows,
                 link,
                 pending,
                 _watched: watched,
@@ -239,20 +250,67 @@ pub(super) fn random_psn() -> u32 {
     (x as u32) & 0x00ff_ffff
 }
 
+/// A buffer lent to the peer: through its own window when connections
+/// are isolated (freed first: deallocating the window ends the peer's
+/// access before the buffer goes back to the cache).
+pub(super) struct Loan {
+    window: Option<Mw>,
+    _buf: VerbsBuffer,
+}
+
+/// A read of a lent payload: waiting for one of the [`MAX_READS`] in
+/// flight to complete, or in flight (the device writes the buffer).
+enum Read {
+    Queued(VerbsBuffer, RemoteBuf),
+    InFlight(VerbsBuffer),
+}
+
 /// A connected RC queue pair, with its liveness connection.
 pub struct VerbsQp {
+    /// Buffers lent to the peer, by rkey. Their windows go before the
+    /// queue pair (see `_window`).
+    pub(super) loans: HashMap<u32, Loan>,
     /// The window the peer writes our ring through, if connections are
     /// isolated. Freed before the queue pair (fields drop in order): a
     /// bound window holds its queue pair, and Soft-RoCE's destroy waits
     /// for it forever.
     pub(super) _window: Option<Mw>,
     pub(super) qp: LiveQp,
+    /// Reads of the peer's loans, by work request id. Freed after the
+    /// queue pair, which stops the device writing into them.
+    reads: HashMap<u64, Read>,
+    queued_reads: VecDeque<u64>,
+    reads_in_flight: usize,
+    /// Whether loans go through windows.
+    windows: bool,
     /// The handshake connection (with its TLS session, if it uses TLS):
     /// it carries the server's hello, then only the end of the connection.
     pub(super) link: Link,
     pub(super) pending: Option<Hello>,
     /// Watching `stream` for the peer's end; stops when dropped.
     pub(super) _watched: Watched,
+}
+
+impl VerbsQp {
+    fn issue_read(
+        &mut self,
+        wr_id: u64,
+        dst: &VerbsBuffer,
+        src: RemoteBuf,
+    ) -> Result<(), FabricError> {
+        let len = u32::try_from(src.len)
+            .map_err(|_| FabricError::invalid("post_read", "a read of 4 GiB or more"))?;
+        // SAFETY: `dst` goes into `self.reads` now, and leaves it only once
+        // the read completed (`take_read`) or after the queue pair is
+        // destroyed (field order): the device writes it alone meanwhile.
+        unsafe {
+            self.qp
+                .qp
+                .post_read(wr_id, dst.mr(), len, src.addr, src.rkey)
+        }?;
+        self.reads_in_flight += 1;
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for VerbsQp {
@@ -340,39 +398,110 @@ impl QueuePair for VerbsQp {
         Ok(())
     }
 
+    /// What the protocol may have in flight of its own writes: half of
+    /// what the send queue holds after the reads in flight, since each
+    /// loan's bind takes an entry beside its descriptor's write.
     fn send_queue_depth(&self) -> usize {
-        self.qp.qp.sq_depth as usize
+        (self.qp.qp.sq_depth as usize).saturating_sub(MAX_READS) / 2
     }
 
-    fn lends(&self) -> bool {
-        false
+    fn lend(&mut self, buf: VerbsBuffer) -> Result<RemoteBuf, FabricError> {
+        let mr = buf.mr().clone();
+        let addr = mr.buf.as_ptr() as u64;
+        let len = buf.len;
+        if !self.windows {
+            // The weaker mode (see `isolates_connections`): the region's
+            // own rkey grants reading it.
+            let rkey = mr.rkey();
+            self.loans.insert(
+                rkey,
+                Loan {
+                    window: None,
+                    _buf: buf,
+                },
+            );
+            return Ok(RemoteBuf {
+                addr,
+                len: len as u64,
+                rkey,
+            });
+        }
+        let mut window = Mw::alloc(self.qp.qp.pd().clone(), mr)?;
+        let access = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        // Ordered before the descriptor's write on this send queue: the
+        // peer learns the rkey only once the window is bound.
+        self.qp
+            .qp
+            .post_bind_range(&mut window, len, access, LEND_BIND_WR_ID, false)?;
+        let rkey = window.rkey();
+        self.loans.insert(
+            rkey,
+            Loan {
+                window: Some(window),
+                _buf: buf,
+            },
+        );
+        Ok(RemoteBuf {
+            addr,
+            len: len as u64,
+            rkey,
+        })
     }
 
-    fn lend(&mut self, _buf: HeapBuffer) -> Result<RemoteBuf, FabricError> {
-        Err(FabricError::invalid(
-            "lend",
-            "rdma:// does not lend buffers yet",
-        ))
-    }
-
-    fn unlend(&mut self, _rkey: u32) -> bool {
-        false
+    /// Deallocating the loan's window invalidates it at once: the peer can
+    /// read the buffer no more, and it goes back to the cache.
+    fn unlend(&mut self, rkey: u32) -> bool {
+        match self.loans.remove(&rkey) {
+            Some(mut loan) => {
+                drop(loan.window.take());
+                true
+            }
+            None => false,
+        }
     }
 
     fn post_read(
         &mut self,
-        _wr_id: u64,
-        _dst: HeapBuffer,
-        _src: RemoteBuf,
+        wr_id: u64,
+        dst: VerbsBuffer,
+        src: RemoteBuf,
     ) -> Result<(), FabricError> {
-        Err(FabricError::invalid(
-            "post_read",
-            "rdma:// does not read lent buffers yet",
-        ))
+        if src.len > dst.len as u64 {
+            return Err(FabricError::invalid(
+                "post_read",
+                format!("reading {} bytes into a buffer of {}", src.len, dst.len),
+            ));
+        }
+        if self.reads_in_flight >= MAX_READS {
+            self.reads.insert(wr_id, Read::Queued(dst, src));
+            self.queued_reads.push_back(wr_id);
+            return Ok(());
+        }
+        self.issue_read(wr_id, &dst, src)?;
+        self.reads.insert(wr_id, Read::InFlight(dst));
+        Ok(())
     }
 
-    fn take_read(&mut self, _wr_id: u64) -> Option<HeapBuffer> {
-        None
+    fn take_read(&mut self, wr_id: u64) -> Option<VerbsBuffer> {
+        let Some(Read::InFlight(buf)) = self.reads.remove(&wr_id) else {
+            return None;
+        };
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        while self.reads_in_flight < MAX_READS {
+            let Some(next) = self.queued_reads.pop_front() else {
+                break;
+            };
+            let Some(Read::Queued(dst, src)) = self.reads.remove(&next) else {
+                continue;
+            };
+            // A failed post means the queue pair is dead: its error
+            // completion closes the connection.
+            if let Err(e) = self.issue_read(next, &dst, src) {
+                tracing::debug!(error = %e, "cannot post a queued read");
+            }
+            self.reads.insert(next, Read::InFlight(dst));
+        }
+        Some(buf)
     }
 
     fn established(&mut self) -> Result<(), FabricError> {

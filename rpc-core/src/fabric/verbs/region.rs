@@ -18,8 +18,86 @@ impl std::fmt::Debug for VerbsRegion {
     }
 }
 
+/// A large-message buffer of the verbs fabric: registered memory from the
+/// context's registration cache, back to it when dropped.
+pub struct VerbsBuffer {
+    /// Registered when taken; `None` only while dropping.
+    pub(super) mr: Option<Arc<Mr>>,
+    pub(super) len: usize,
+    class: usize,
+    cache: Arc<Cache<Arc<Mr>>>,
+}
+
+impl VerbsBuffer {
+    /// `len` bytes of a registered region of size class `class`, from
+    /// `cache` or registered now.
+    pub(super) fn take(
+        cache: &Arc<Cache<Arc<Mr>>>,
+        pd: &Arc<Pd>,
+        len: usize,
+        through_window: bool,
+    ) -> Result<VerbsBuffer, FabricError> {
+        let class = cache::class_of(len)
+            .ok_or_else(|| FabricError::invalid("buffer", format!("{len} bytes is too large")))?;
+        let mr = match cache.take(class) {
+            Some(mr) => mr,
+            None => Arc::new(Mr::for_buffer(pd.clone(), class, through_window)?),
+        };
+        cache::count_in_use(class, true);
+        Ok(VerbsBuffer {
+            mr: Some(mr),
+            len,
+            class,
+            cache: cache.clone(),
+        })
+    }
+
+    pub(super) fn mr(&self) -> &Arc<Mr> {
+        self.mr.as_ref().expect("present until dropped")
+    }
+}
+
+impl std::fmt::Debug for VerbsBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for VerbsBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes of the region this buffer holds alone (`len`
+        // is at most its size class, the region's length). While a queue
+        // pair lends it or reads into it, the queue pair owns this buffer,
+        // so no view of it exists then.
+        unsafe { std::slice::from_raw_parts(self.mr().buf.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for VerbsBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`; `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.mr().buf.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for VerbsBuffer {
+    fn drop(&mut self) {
+        if let Some(mr) = self.mr.take() {
+            cache::count_in_use(self.class, false);
+            // Kept registered for the next large message, or deregistered
+            // and unmapped here.
+            drop(self.cache.give(self.class, mr));
+        }
+    }
+}
+
+impl crate::fabric::Buffer for VerbsBuffer {}
+
 impl Region for VerbsRegion {
-    type Buffer = HeapBuffer;
+    type Buffer = VerbsBuffer;
     fn addr(&self) -> u64 {
         self.mr.buf.as_ptr() as u64
     }

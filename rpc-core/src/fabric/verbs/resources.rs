@@ -440,15 +440,44 @@ impl Mr {
         remote_write: bool,
         through_window: bool,
     ) -> Result<Mr, FabricError> {
-        let mut pages = Pages::new(len.max(1)).map_err(|e| FabricError::io("mmap", e))?;
-        let buf = NonNull::new(pages.as_mut_ptr())
-            .ok_or_else(|| FabricError::invalid("ibv_reg_mr", format!("cannot map {len} bytes")))?;
         let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if remote_write && through_window {
             access |= ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         } else if remote_write {
             access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         }
+        let pages = Pages::new(len.max(1)).map_err(|e| FabricError::io("mmap", e))?;
+        Mr::register(pd, pages, len, access, remote_write)
+    }
+
+    /// Registers `len` bytes for large messages: reads land here, and
+    /// peers read loans from here, through a window bound per loan
+    /// (`through_window`) or, without windows, through the region's own
+    /// rkey. Peers never write it.
+    pub(super) fn for_buffer(
+        pd: Arc<Pd>,
+        len: usize,
+        through_window: bool,
+    ) -> Result<Mr, FabricError> {
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        access |= if through_window {
+            ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0
+        } else {
+            ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+        };
+        let pages = Pages::large(len.max(1)).map_err(|e| FabricError::io("mmap", e))?;
+        Mr::register(pd, pages, len, access, false)
+    }
+
+    fn register(
+        pd: Arc<Pd>,
+        mut pages: Pages,
+        len: usize,
+        access: u32,
+        remote_write: bool,
+    ) -> Result<Mr, FabricError> {
+        let buf = NonNull::new(pages.as_mut_ptr())
+            .ok_or_else(|| FabricError::invalid("ibv_reg_mr", format!("cannot map {len} bytes")))?;
         // SAFETY: `buf` points to `len` owned bytes that outlive the MR (they
         // are unmapped only after deregistration, in Drop); the PD is alive.
         let mr =
@@ -675,20 +704,40 @@ impl Qp {
     /// remote write from this queue pair only, as `mw.rkey()`; the
     /// completion carries `wr_id`. The queue pair must be in RTS.
     pub(super) fn post_bind(&mut self, mw: &mut Mw, wr_id: u64) -> Result<(), FabricError> {
+        let len = mw.mr.len;
+        let access = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        self.post_bind_range(mw, len, access, wr_id, true)
+    }
+
+    /// Posts a bind of `mw` over the first `len` bytes of its region, with
+    /// `access` (remote write or read) from this queue pair only, as
+    /// `mw.rkey()`; a signaled one's completion carries `wr_id` (an
+    /// unsignaled one reports only a failure). The queue pair must be in RTS.
+    pub(super) fn post_bind_range(
+        &mut self,
+        mw: &mut Mw,
+        len: usize,
+        access: u32,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<(), FabricError> {
+        assert!(len <= mw.mr.len, "window beyond its region");
         let rkey = mw.rkey();
         // SAFETY: plain old data; zero is valid.
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         wr.opcode = ffi::ibv_wr_opcode::IBV_WR_BIND_MW;
-        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if signaled {
+            wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
         wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
             mw: mw.ptr.as_ptr(),
             rkey,
             bind_info: ffi::ibv_mw_bind_info {
                 mr: mw.mr.ptr.as_ptr(),
                 addr: mw.mr.buf.as_ptr() as u64,
-                length: mw.mr.len as u64,
-                mw_access_flags: ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+                length: len as u64,
+                mw_access_flags: access,
             },
         };
         // SAFETY: a bind carries no SGE; the window and its region are
@@ -700,6 +749,47 @@ impl Qp {
         // SAFETY: writing a plain field of a live window we own.
         unsafe { (*mw.ptr.as_ptr()).rkey = rkey };
         Ok(())
+    }
+}
+
+impl Qp {
+    /// Posts a signaled RDMA READ of `len` bytes at `remote_addr` (under
+    /// `rkey`) into the start of `dst`.
+    ///
+    /// # Safety
+    /// `dst` must stay registered and otherwise untouched until the read
+    /// completes or this queue pair is destroyed.
+    pub(super) unsafe fn post_read(
+        &mut self,
+        wr_id: u64,
+        dst: &Mr,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), FabricError> {
+        assert!(len as usize <= dst.len, "read beyond its destination");
+        let mut sge = ffi::ibv_sge {
+            addr: dst.buf.as_ptr() as u64,
+            length: len,
+            lkey: dst.lkey(),
+        };
+        // SAFETY: plain old data; zero is valid.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.wr.rdma.remote_addr = remote_addr;
+        wr.wr.rdma.rkey = rkey;
+        // SAFETY: `sge` lives on this frame for the call (verbs copies it);
+        // the caller keeps `dst` registered until the read is done.
+        unsafe { self.post_send(&mut wr) }
+    }
+
+    /// This queue pair's protection domain.
+    pub(super) fn pd(&self) -> &Arc<Pd> {
+        &self._pd
     }
 }
 
