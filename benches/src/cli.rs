@@ -7,9 +7,11 @@ pub const USAGE: &str = "\
 usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
                  [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
+                 [--ring-size BYTES]
        rpc-bench --stream --url URL --size BYTES --calls N [--concurrency C]
                  [--stream-len M] [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
+                 [--ring-size BYTES]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
@@ -49,6 +51,8 @@ name the fabric tls.
 --spin-us N (an experiment, not a default) sets how long server and client
 poll an idle queue before they sleep (the builders' spin(); default: 50 µs,
 adapted to the gaps observed).
+--ring-size BYTES (an experiment, not a default) sets the receive ring of
+server and clients (the builders' ring_size(); a power of two).
 Exit code: 0, 1 if any call failed or a baseline could not run, 2 on bad arguments.";
 
 /// A baseline measured in the same invocation.
@@ -83,8 +87,8 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// The baseline to measure too.
     pub baseline: Option<Baseline>,
-    /// How long server and client spin before they sleep (None: default).
-    pub spin: Option<std::time::Duration>,
+    /// Experiment knobs (`--spin-us`, `--ring-size`; None: the default).
+    pub tuning: crate::rpc::Tuning,
     /// Server streams instead of unary calls (`--stream`): `calls` counts
     /// messages.
     pub stream: bool,
@@ -106,7 +110,7 @@ impl Options {
         let mut warmup = None;
         let mut json = None;
         let mut baseline = None;
-        let mut spin = None;
+        let mut tuning = crate::rpc::Tuning::default();
         let mut stream = false;
         let mut stream_len = None;
         let mut tls = false;
@@ -155,7 +159,14 @@ impl Options {
                     })
                 }
                 "--spin-us" => {
-                    spin = Some(std::time::Duration::from_micros(number(&name, &value()?)?))
+                    tuning.spin = Some(std::time::Duration::from_micros(number(&name, &value()?)?))
+                }
+                "--ring-size" => {
+                    let bytes = number(&name, &value()?)?;
+                    if !bytes.is_power_of_two() {
+                        return Err(format!("--ring-size {bytes}: a power of two is needed"));
+                    }
+                    tuning.ring_size = Some(bytes as usize);
                 }
                 "--stream-len" => stream_len = Some(number(&name, &value()?)?),
                 "--help" | "-h" => return Ok(None),
@@ -214,7 +225,7 @@ impl Options {
             warmup: warmup.unwrap_or(calls / 10),
             json,
             baseline,
-            spin,
+            tuning,
             stream,
             stream_len,
             tls,

@@ -53,23 +53,52 @@ pub struct RpcRun {
     pub url: String,
     /// Calls, payload and concurrency.
     pub params: Params,
-    /// How long server and clients spin before they sleep (None: default).
-    pub spin: Option<Duration>,
+    /// Experiment knobs (all `None`: the defaults a user gets).
+    pub tuning: Tuning,
     /// TLS for server and clients (None: plaintext).
     pub tls: Option<crate::tls::TestPki>,
 }
 
-/// Serves the echo service on `url`, with the defaults a user gets (and
-/// `spin`, if set; over TLS with `tls`).
+/// Settings a run may change for an experiment (`--spin-us`,
+/// `--ring-size`); each `None` leaves the default a user gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// How long server and clients spin before they sleep.
+    pub spin: Option<Duration>,
+    /// Receive ring per connection, each side (bytes, a power of two).
+    pub ring_size: Option<usize>,
+}
+
+impl Tuning {
+    fn server(&self, mut builder: rpc_core::ServerBuilder) -> rpc_core::ServerBuilder {
+        if let Some(spin) = self.spin {
+            builder = builder.spin(spin);
+        }
+        if let Some(bytes) = self.ring_size {
+            builder = builder.ring_size(bytes);
+        }
+        builder
+    }
+
+    fn channel(&self, mut builder: rpc_core::ChannelBuilder) -> rpc_core::ChannelBuilder {
+        if let Some(spin) = self.spin {
+            builder = builder.spin(spin);
+        }
+        if let Some(bytes) = self.ring_size {
+            builder = builder.ring_size(bytes);
+        }
+        builder
+    }
+}
+
+/// Serves the echo service on `url`, with the defaults a user gets (but
+/// for what `tuning` sets; over TLS with `tls`).
 pub fn serve(
     url: &str,
-    spin: Option<Duration>,
+    tuning: &Tuning,
     tls: Option<&crate::tls::TestPki>,
 ) -> Result<ServerHandle, String> {
-    let mut builder = Server::builder().add_service(EchoServer::new(EchoService));
-    if let Some(spin) = spin {
-        builder = builder.spin(spin);
-    }
+    let mut builder = tuning.server(Server::builder().add_service(EchoServer::new(EchoService)));
     if let Some(pki) = tls {
         builder = builder
             .tls_config(pki.server())
@@ -94,7 +123,7 @@ impl RpcBench {
     /// Starts the server and opens the connections. `Err` when either
     /// cannot be set up.
     pub fn start(run: &RpcRun) -> Result<RpcBench, String> {
-        let server = serve(&run.url, run.spin, run.tls.as_ref())?;
+        let server = serve(&run.url, &run.tuning, run.tls.as_ref())?;
         let url = server.local_url().to_owned();
         let mut clients = Vec::with_capacity(run.params.connections);
         for _ in 0..run.params.connections.max(1) {
@@ -106,9 +135,7 @@ impl RpcBench {
             if run.params.mode == Mode::Unary {
                 builder = builder.timeout(CALL_TIMEOUT);
             }
-            if let Some(spin) = run.spin {
-                builder = builder.spin(spin);
-            }
+            builder = run.tuning.channel(builder);
             if let Some(pki) = &run.tls {
                 builder = builder
                     .tls_config(pki.client())

@@ -40,7 +40,7 @@ fn ours(url: &str, p: Params) -> Measurement {
     benches::rpc::run(&RpcRun {
         url: url.into(),
         params: p,
-        spin: None,
+        tuning: Default::default(),
         tls: None,
     })
     .expect("server and connections come up")
@@ -79,7 +79,7 @@ fn large_payloads() {
     let m = benches::rpc::run(&RpcRun {
         url: "mem://rpc-bench-large".into(),
         params: p,
-        spin: None,
+        tuning: Default::default(),
         tls: None,
     })
     .unwrap();
@@ -218,7 +218,7 @@ fn streams_deliver_every_message() {
             let run = RpcRun {
                 url: url.into(),
                 params: p,
-                spin: None,
+                tuning: Default::default(),
                 tls: None,
             };
             benches.push((url.into(), Box::new(RpcBench::start(&run).unwrap())));

@@ -673,8 +673,10 @@ pub struct ServerBuilder {
     tokio: Option<tokio::runtime::Handle>,
 }
 
-/// Connections a server keeps at most, by default.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Connections a server keeps at most, by default. An idle connection
+/// costs little (see the README's "Limits and memory"); the process's
+/// descriptor limit (`ulimit -n`) usually binds first on tcp://.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 
 impl fmt::Debug for ServerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -811,7 +813,7 @@ impl ServerBuilder {
         Ok(self)
     }
 
-    /// Connections kept at most (default 4,096); a client beyond it fails
+    /// Connections kept at most (default 16,384); a client beyond it fails
     /// to connect with `ResourceExhausted`, naming the limit.
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);

@@ -60,7 +60,7 @@ fn run(o: &Options) -> i32 {
     let run = RpcRun {
         url: o.url.clone(),
         params,
-        spin: o.spin,
+        tuning: o.tuning,
         tls,
     };
     let mut ours_bench = match RpcBench::start(&run) {
