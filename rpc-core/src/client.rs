@@ -1028,9 +1028,7 @@ fn decode_reply<T: prost::Message + Default>(
     recycle: impl FnOnce(crate::payload::Payload),
 ) -> Result<Response<T>, Status> {
     let RawReply { metadata, payload } = r?;
-    let decoded = T::decode(&payload[..]);
-    recycle(payload);
-    let message = decoded.map_err(|e| {
+    let message = payload.decode::<T>(recycle).map_err(|e| {
         Status::internal(format!(
             "response is not a valid {}: {e}",
             std::any::type_name::<T>()

@@ -14,6 +14,25 @@ pub(crate) enum Payload {
 }
 
 impl Payload {
+    /// Decodes a `M` from these bytes. A lent (large) payload is decoded
+    /// from [`bytes::Bytes`] over its own buffer, from which prost copies a
+    /// `bytes` field once (into a `Vec<u8>`) or not at all (into `Bytes`,
+    /// which then keeps the buffer), where from a slice it copies it twice;
+    /// a heap payload is decoded from a slice and handed to `recycle`.
+    pub(crate) fn decode<M: prost::Message + Default>(
+        self,
+        recycle: impl FnOnce(Payload),
+    ) -> Result<M, prost::DecodeError> {
+        match self {
+            Payload::Heap(_) => {
+                let decoded = M::decode(&self[..]);
+                recycle(self);
+                decoded
+            }
+            Payload::Lent(_) => M::decode(self.into_bytes()),
+        }
+    }
+
     /// The bytes as [`bytes::Bytes`], without a copy.
     pub(crate) fn into_bytes(self) -> prost::bytes::Bytes {
         match self {

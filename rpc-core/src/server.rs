@@ -217,10 +217,12 @@ impl ServerCall {
         if self.answer_if_expired() {
             return None;
         }
-        let decoded = Req::decode(&self.payload[..]);
-        if let Some(sink) = &self.sink {
-            sink.recycle(std::mem::take(&mut self.payload));
-        }
+        let payload = std::mem::take(&mut self.payload);
+        let decoded = payload.decode::<Req>(|p| {
+            if let Some(sink) = &self.sink {
+                sink.recycle(p);
+            }
+        });
         match decoded {
             Ok(message) => Some(Request::from_wire(
                 message,
