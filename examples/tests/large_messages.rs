@@ -88,6 +88,29 @@ on_every_fabric! {
     }
 }
 
+on_every_fabric! {
+    fn many_large_messages_at_once_all_arrive_intact(url: &str) {
+        // 9 × 8 MiB each way: more than a connection reads at once (64 MiB),
+        // so some wait for others' reads to finish, in order.
+        let _serial = serial();
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        let calls: Vec<_> = (0..9u64)
+            .map(|i| {
+                let echo = echo.clone();
+                std::thread::spawn(move || round_trip(&echo, 8 << 20, i))
+            })
+            .collect();
+        for c in calls {
+            c.join().unwrap();
+        }
+        eventually(HUGE_LIMIT, "every buffer back", || {
+            rpc_core::fabric::buffer_bytes().0 == 0
+        });
+    }
+}
+
 /// `len` bytes of a pattern, quickly (a word at a time: this is a debug build).
 fn big_pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];

@@ -610,7 +610,7 @@ mod tcp_wire {
             let mut reply = [0; HELLO_LEN];
             stream.read_exact(&mut reply).expect("the server's hello");
             let theirs = Hello::decode(&reply, HelloFabric::Tcp).expect("a valid hello");
-            assert_eq!(theirs.ring.len, 2 << 20, "the server's own ring");
+            assert_eq!(theirs.ring.len, 256 << 10, "the server's own ring");
             // Its message limit is its own setting: larger messages than
             // the ring holds travel by rendezvous.
             assert_eq!(theirs.ring.max_message, 64 << 20, "{theirs:?}");

@@ -847,7 +847,7 @@ on_every_fabric! {
         // provisioned for everything the ring admits, so that the stuck
         // poller only delays the pipeline, however long it is stuck.
         let probe = Probe::new();
-        let server = serve(test_server_with(&probe, true), url);
+        let server = serve(test_server_with(&probe, true).ring_size(2 << 20), url);
         let echo = EchoClient::new(channel(server.local_url()));
         let first = echo.echo(echo_request("blocker", Vec::new(), &[("block", "")]));
         probe.wait_entered("blocker");

@@ -222,7 +222,7 @@ impl ChannelBuilder {
     }
 
     /// Size of the receive ring for responses, in bytes: a power of two
-    /// (default 2 MiB). Small messages travel through it; payloads larger
+    /// (default 256 KiB). Small messages travel through it; payloads larger
     /// than the rendezvous threshold ([`ChannelBuilder::rendezvous_above`])
     /// or than half the ring are lent by the sender and read from its memory.
     pub fn ring_size(mut self, bytes: usize) -> Self {

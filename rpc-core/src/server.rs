@@ -743,7 +743,7 @@ impl ServerBuilder {
         self
     }
 
-    /// Receive ring per connection in bytes, a power of two (default 2 MiB).
+    /// Receive ring per connection in bytes, a power of two (default 256 KiB).
     /// Small messages travel through it; payloads larger than the
     /// rendezvous threshold ([`ServerBuilder::rendezvous_above`]) or than
     /// half the ring are lent by the sender and read from its memory.

@@ -58,6 +58,9 @@ pub fn heartbeat_bound(interval: Duration) -> Duration {
     interval * 2 + unacked_limit(interval)
 }
 
+/// The default receive ring per connection, each side: 256 KiB.
+pub const DEFAULT_RING_SIZE: usize = 256 << 10;
+
 /// The default largest message: 64 MiB (metadata and payload).
 pub const DEFAULT_MAX_MESSAGE: usize = 64 << 20;
 
@@ -72,7 +75,11 @@ pub const DEFAULT_LEND_ABOVE: usize = 32 << 10;
 
 impl Default for Config {
     fn default() -> Config {
-        let ring_size = 1 << 21;
+        // Large messages travel by rendezvous, so the ring holds only small
+        // ones: 256 KiB matched 2 MiB for 64 B and 1 KiB calls at 64
+        // outstanding on tcp:// and mem:// (benches/REPORT.md, "Ring
+        // size"), at an eighth of the memory per connection.
+        let ring_size = DEFAULT_RING_SIZE;
         Config {
             ring_size,
             max_message: DEFAULT_MAX_MESSAGE,

@@ -84,6 +84,29 @@ pub(super) struct Rendezvous {
     next_read: u64,
     reads: HashMap<u64, PendingRead>,
     held: HashMap<CallId, VecDeque<Held>>,
+    /// Bytes of the reads posted and not yet complete.
+    reading: usize,
+    /// Reads waiting for those to finish (see [`MAX_READING`]), in order.
+    deferred: VecDeque<(u64, RemoteBuf)>,
+}
+
+/// Bytes of lent payloads one connection reads at once: their buffers are
+/// taken (registered, on rdma://) only when their reads are posted, and
+/// further descriptors wait in order for earlier reads to finish, so a peer
+/// that lends many large messages at once makes this side hold no more than
+/// this (or one message, if larger) in buffers being filled.
+pub(super) const MAX_READING: usize = 64 << 20;
+
+impl Rendezvous {
+    /// Whether a read of `len` bytes may be posted now; if so it counts.
+    fn admit(&mut self, len: usize) -> bool {
+        if self.reading == 0 || self.reading + len <= MAX_READING {
+            self.reading += len;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// A lent payload being read: its frame as it will be delivered, and the
@@ -620,13 +643,9 @@ impl<F: Fabric> Conn<F> {
                 self.max_message
             ));
         }
-        let dst = self
-            .fabric
-            .buffer(lent.len as usize)
-            .map_err(|e| format!("no buffer for a lent message of {body} bytes: {e}"))?;
         header.flags = 0;
         header.payload_len = lent.len;
-        let wr_id = {
+        let (wr_id, src) = {
             let mut rdv = self.rendezvous();
             rdv.next_read += 1;
             let wr_id = rdv.next_read;
@@ -642,13 +661,27 @@ impl<F: Fabric> Conn<F> {
                 .entry(header.call_id)
                 .or_default()
                 .push_back(Held::Reading(wr_id));
-            wr_id
+            let src = RemoteBuf {
+                addr: lent.addr,
+                len: u64::from(lent.len),
+                rkey: lent.rkey,
+            };
+            if !rdv.deferred.is_empty() || !rdv.admit(lent.len as usize) {
+                rdv.deferred.push_back((wr_id, src));
+                return Ok(());
+            }
+            (wr_id, src)
         };
-        let src = RemoteBuf {
-            addr: lent.addr,
-            len: u64::from(lent.len),
-            rkey: lent.rkey,
-        };
+        self.issue_read(wr_id, src)
+    }
+
+    /// Takes a buffer for the read `wr_id` of `src` and posts it.
+    fn issue_read(&self, wr_id: u64, src: RemoteBuf) -> Result<(), String> {
+        let len = src.len as usize;
+        let dst = self
+            .fabric
+            .buffer(len)
+            .map_err(|e| format!("no buffer for a lent message of {len} bytes: {e}"))?;
         let mut s = self.send_state();
         let Some(qp) = s.qp.as_mut() else {
             return Ok(()); // closed: the read's frame goes with the connection
@@ -674,12 +707,21 @@ impl<F: Fabric> Conn<F> {
             return Err(format!("read {wr_id} completed without its buffer"));
         };
         let mut ready = Vec::new();
+        let mut next = Vec::new();
         let (call_id, rkey) = {
             let mut rdv = self.rendezvous();
             let p = rdv
                 .reads
                 .remove(&wr_id)
                 .ok_or_else(|| format!("completion of read {wr_id}, never posted"))?;
+            rdv.reading -= p.header.payload_len as usize;
+            while let Some(&(id, src)) = rdv.deferred.front() {
+                if !rdv.admit(src.len as usize) {
+                    break;
+                }
+                rdv.deferred.pop_front();
+                next.push((id, src));
+            }
             let call_id = p.header.call_id;
             let frame = Frame {
                 header: p.header,
@@ -715,6 +757,9 @@ impl<F: Fabric> Conn<F> {
         };
         if let Err(e) = self.send_with(&release, false, false, &mut |_| {}) {
             tracing::debug!(qp_num = self.qp_num, error = ?e, "cannot release a read buffer");
+        }
+        for (id, src) in next {
+            self.issue_read(id, src)?;
         }
         for frame in ready {
             deliver(frame);
