@@ -67,7 +67,9 @@ fn latest(records: &[Measurement], mode: Mode) -> BTreeMap<Key, &Measurement> {
 }
 
 fn size_label(size: usize) -> String {
-    if size >= 1024 && size % 1024 == 0 {
+    if size >= 1 << 20 && size % (1 << 20) == 0 {
+        format!("{} MiB", size >> 20)
+    } else if size >= 1024 && size % 1024 == 0 {
         format!("{} KiB", size / 1024)
     } else {
         format!("{size} B")
@@ -150,7 +152,10 @@ impl Target {
 /// and at 64 at least 1,000,000 calls/s at ≤ 1.5 µs of CPU per call;
 /// rdma:// 64 B p50 ≤ 1.5× perftest's at concurrency 1, rps ≥ 0.6×
 /// perftest's at 8, and rps at 8 ≥ 2× rps at 1; tcp:// server streaming of
-/// 64 B messages at ≥ 3× tonic's messages per second.
+/// 64 B messages at ≥ 3× tonic's messages per second. Bandwidth (one
+/// server stream of large messages, by rendezvous): 1 MiB messages on
+/// tcp:// at ≥ 1.5× tonic's MB/s; on rdma://, 1 MiB and larger at ≥ 0.8×
+/// `ib_write_bw`'s at the same size.
 pub const TARGETS: &[Target] = &[
     target("tcp", 64, 1, Figure::RatioP50, true, 0.5),
     target("tcp", 64, 1, Figure::RatioRps, false, 2.0),
@@ -177,6 +182,10 @@ pub const TARGETS: &[Target] = &[
     target("rdma", 64, 8, Figure::RatioRps, false, 0.6),
     target("rdma", 64, 8, Figure::RpsOver(1), false, 2.0),
     target("tcp", 64, 1, Figure::RatioRps, false, 3.0).on_streams(),
+    target("tcp", 1 << 20, 1, Figure::RatioRps, false, 1.5).on_streams(),
+    target("rdma", 1 << 20, 1, Figure::RatioRps, false, 0.8).on_streams(),
+    target("rdma", 16 << 20, 1, Figure::RatioRps, false, 0.8).on_streams(),
+    target("rdma", 256 << 20, 1, Figure::RatioRps, false, 0.8).on_streams(),
 ];
 
 impl Target {
