@@ -53,6 +53,8 @@ poll an idle queue before they sleep (the builders' spin(); default: 50 µs,
 adapted to the gaps observed).
 --ring-size BYTES (an experiment, not a default) sets the receive ring of
 server and clients (the builders' ring_size(); a power of two).
+Payloads above 63 MiB raise both sides' max_message_size to fit (the
+default limit is 64 MiB), as the tonic baseline's limits are raised.
 Exit code: 0, 1 if any call failed or a baseline could not run, 2 on bad arguments.";
 
 /// A baseline measured in the same invocation.

@@ -44,7 +44,8 @@ pub fn run(url: &str, params: Params) -> Result<Measurement, String> {
         .map_err(|e| format!("{url}: {e}"))?
         .host;
     let (device, port, gid) = device_of(url)?;
-    let iters = params.calls.to_string();
+    // perftest runs at least 5 iterations.
+    let iters = params.calls.max(5).to_string();
     let size = params.size.to_string();
     let common = |tcp_port: u16| -> Vec<String> {
         [
@@ -244,9 +245,17 @@ pub fn parse_lat(output: &str, size: usize) -> Option<Lat> {
 /// MsgRate[Mpps]`.
 pub fn parse_bw(output: &str, size: usize) -> Option<Bw> {
     let f = result_fields(output, size, 5)?;
-    (f[3].is_finite() && f[4].is_finite() && f[4] > 0.0).then_some(Bw {
+    // The rate is printed to 6 decimals of Mpps: below 1,000 messages/s
+    // (large messages) it has at most 3 digits, and the average bandwidth
+    // (MB = 2^20 bytes) says it more precisely.
+    let rate = if f[4] < 0.001 && size > 0 {
+        f[3] * 1_048_576.0 / size as f64 / 1e6
+    } else {
+        f[4]
+    };
+    (f[3].is_finite() && rate.is_finite() && rate > 0.0).then_some(Bw {
         avg_mbps: f[3],
-        msg_rate_mpps: f[4],
+        msg_rate_mpps: rate,
     })
 }
 
@@ -408,5 +417,10 @@ mod tests {
         let b = parse_bw(bw, 64).unwrap();
         assert_eq!(b.avg_mbps, 1.70);
         assert_eq!(b.msg_rate_mpps, 0.027862);
+        let large = "\
+ 16777216   24               22.10              21.67              0.000001
+";
+        let b = parse_bw(large, 16 << 20).unwrap();
+        assert!((b.msg_rate_mpps * 1e6 - 1.354).abs() < 0.001, "{b:?}");
     }
 }

@@ -67,15 +67,35 @@ pub struct Tuning {
     pub spin: Option<Duration>,
     /// Receive ring per connection, each side (bytes, a power of two).
     pub ring_size: Option<usize>,
+    /// Largest message, each side (set by [`Tuning::fitting`]).
+    pub max_message: Option<usize>,
 }
 
+/// The largest message both sides accept by default.
+const DEFAULT_MAX_MESSAGE: usize = 64 << 20;
+
 impl Tuning {
+    /// These settings, with both sides' message limit raised to fit
+    /// payloads of `size` bytes if the default (64 MiB) does not, as the
+    /// tonic baseline's limits are raised: a run at such sizes measures
+    /// them instead of failing.
+    pub fn fitting(mut self, size: usize) -> Tuning {
+        let needed = size.saturating_add(1 << 20);
+        if needed > DEFAULT_MAX_MESSAGE {
+            self.max_message = Some(needed.min(u32::MAX as usize));
+        }
+        self
+    }
+
     fn server(&self, mut builder: rpc_core::ServerBuilder) -> rpc_core::ServerBuilder {
         if let Some(spin) = self.spin {
             builder = builder.spin(spin);
         }
         if let Some(bytes) = self.ring_size {
             builder = builder.ring_size(bytes);
+        }
+        if let Some(bytes) = self.max_message {
+            builder = builder.max_message_size(bytes);
         }
         builder
     }
@@ -86,6 +106,9 @@ impl Tuning {
         }
         if let Some(bytes) = self.ring_size {
             builder = builder.ring_size(bytes);
+        }
+        if let Some(bytes) = self.max_message {
+            builder = builder.max_message_size(bytes);
         }
         builder
     }
@@ -123,7 +146,8 @@ impl RpcBench {
     /// Starts the server and opens the connections. `Err` when either
     /// cannot be set up.
     pub fn start(run: &RpcRun) -> Result<RpcBench, String> {
-        let server = serve(&run.url, &run.tuning, run.tls.as_ref())?;
+        let tuning = run.tuning.fitting(run.params.size);
+        let server = serve(&run.url, &tuning, run.tls.as_ref())?;
         let url = server.local_url().to_owned();
         let mut clients = Vec::with_capacity(run.params.connections);
         for _ in 0..run.params.connections.max(1) {
@@ -135,7 +159,7 @@ impl RpcBench {
             if run.params.mode == Mode::Unary {
                 builder = builder.timeout(CALL_TIMEOUT);
             }
-            builder = run.tuning.channel(builder);
+            builder = tuning.channel(builder);
             if let Some(pki) = &run.tls {
                 builder = builder
                     .tls_config(pki.client())

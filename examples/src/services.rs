@@ -18,7 +18,7 @@ pub const DEFAULT_SCAN_LIMIT: usize = 1000;
 /// Longest key accepted.
 pub const MAX_KEY_LEN: usize = 4096;
 /// Largest reply an echo `Stream` call may ask for, bytes.
-pub const MAX_STREAM_REPLY: u32 = 16 << 20;
+pub const MAX_STREAM_REPLY: u32 = 1 << 30;
 
 /// An in-memory, ordered key-value store.
 #[derive(Debug, Default)]
