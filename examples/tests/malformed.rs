@@ -602,8 +602,8 @@ mod tcp_wire {
     #[test]
     fn hello_with_a_huge_ring_gets_a_bounded_share_of_it() {
         watchdog(|| {
-            // A valid 16 GiB ring: the server uses (and mirrors) only the
-            // 64 MiB it stages at most, instead of allocating that much for
+            // A valid 16 GiB ring: the server uses (and stages for) only the
+            // 64 MiB it stages for at most, instead of allocating that much for
             // a stranger, and tells the client so in its hello.
             let (server, good, mut stream) = setup();
             stream.write_all(&hello(1 << 34)).unwrap();

@@ -1,6 +1,6 @@
 //! Ring sizes are a per-direction agreement: each side chooses the ring it
-//! receives into, and a side stages what it sends in a mirror of the peer's
-//! ring, up to 64 MiB (or its own ring size, if larger). A server with a
+//! receives into, and a side stages what it sends for the peer's ring, up
+//! to 64 MiB of it (or its own ring size, if larger). A server with a
 //! large ring must still serve clients with default settings, and a message
 //! larger than its receiver accepts must fail with a status naming both the
 //! message and the limit, leaving the connection usable.

@@ -1022,7 +1022,7 @@ fn accept_loop<F: Fabric>(
 
 /// The receive ring (bytes) and largest request for a connection from a
 /// client whose ring is `client`: each direction is its own agreement. The
-/// client stages what it sends in a mirror of this ring, and stages at most
+/// client stages what it sends for this ring, and stages for at most
 /// [`staging_limit`] of its own ring size: a server with a larger ring
 /// offers that client only as much (and requests up to half of it), so
 /// that a client with default settings can use any server.

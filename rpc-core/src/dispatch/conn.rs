@@ -6,6 +6,7 @@ use crate::auth::Peer;
 use crate::fabric::RemoteBuf;
 use crate::payload::Payload;
 use crate::protocol::header::{FLAG_LENT, LENT_LEN, Lent};
+use crate::protocol::staging_size;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -13,7 +14,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 pub(super) const MAX_POOLED_BUFFERS: usize = 256;
 pub(super) const MAX_POOLED_BUFFER: usize = 256 << 10;
 /// Largest peer receive ring accepted (unless the local ring is larger):
-/// each connection stages its outgoing frames in a mirror of the peer's ring.
+/// each connection stages its outgoing frames in half as many bytes.
 pub(super) const MAX_PEER_RING: usize = 64 << 20;
 
 /// The largest peer ring a side whose own ring is `own_ring` bytes stages
@@ -184,9 +185,10 @@ impl<F: Fabric> Conn<F> {
         let ring_err = |e: crate::protocol::RingError| Status::internal(format!("ring: {e}"));
         let peer_cap =
             usize::try_from(c.peer.len).map_err(|_| Status::internal("peer ring too large"))?;
-        if staging.len() < peer_cap {
+        if staging.len() < staging_size(peer_cap) {
             return Err(Status::resource_exhausted(format!(
-                "peer ring of {peer_cap} bytes is larger than the local staging area of {} bytes",
+                "a peer ring of {peer_cap} bytes needs a staging area of {} bytes, not {}",
+                staging_size(peer_cap),
                 staging.len()
             )));
         }
@@ -431,20 +433,31 @@ impl<F: Fabric> Conn<F> {
             fill(&mut buf[HEADER_LEN + md_len..]);
         };
         let mut s = self.send_state();
-        match s.proto.reserve(len, fail_fast)? {
-            Reserved::Ring { offset, ack } => {
-                s.staging.write(offset, len, |buf| write(buf, ack));
-                let corked = s.proto.sent(offset, len, cork);
+        let reserved = s.proto.reserve(len, fail_fast);
+        match reserved {
+            Ok(Reserved::Ring {
+                offset,
+                staged,
+                ack,
+            }) => {
+                s.staging.write(staged, len, |buf| write(buf, ack));
+                let corked = s.proto.sent(offset, staged, len, cork);
                 self.post_if_due(&mut s);
                 Ok(corked && s.proto.is_corked())
             }
-            Reserved::Queue => {
+            Err(e) => {
+                // A full staging area may have asked for a signaled write.
+                self.post_if_due(&mut s);
+                Err(e)
+            }
+            Ok(Reserved::Queue) => {
                 let mut bytes = vec![0u8; len];
                 write(&mut bytes, 0);
                 // A request's timeout counts down while it waits here.
                 let expires = (frame.kind == FrameKind::Request && frame.timeout_us > 0)
                     .then(|| clock_us() + u64::from(frame.timeout_us));
                 s.proto.queue_until(bytes, expires);
+                self.post_if_due(&mut s);
                 Ok(false)
             }
         }
@@ -477,7 +490,7 @@ impl<F: Fabric> Conn<F> {
                     WriteImm {
                         wr_id: t.wr_id,
                         local: t.local.map(|(off, len)| (&*staging, off, len)),
-                        remote_addr: peer.addr + t.local.map_or(0, |(off, _)| off as u64),
+                        remote_addr: peer.addr + t.remote as u64,
                         rkey: peer.rkey,
                         imm: t.imm,
                         signaled: t.signaled,
@@ -898,7 +911,7 @@ fn tell_time(proto: &mut Sender) {
     }
 }
 
-/// Copies a queued frame the sender places at `offset` into the staging area.
+/// Copies a queued frame the sender places at `offset` of the staging area there.
 fn copy_into<R: Region>(staging: &R) -> impl FnMut(usize, &[u8]) + '_ {
     move |offset, frame| staging.write(offset, frame.len(), |buf| buf.copy_from_slice(frame))
 }

@@ -163,10 +163,10 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
 
     /// Adds a connected queue pair; from now on its completions are dispatched.
     ///
-    /// Frames are staged at the offset they will take in the peer's ring, so
-    /// the staging area mirrors the peer's ring, whose size the peer chose:
-    /// it is registered here, once that size is known. Each side stages at
-    /// most [`staging_limit`] of its own ring, so each direction uses
+    /// Frames are staged in half as many bytes as the peer's ring, whose
+    /// size the peer chose (see [`Staging`](crate::protocol::Staging)): the
+    /// staging area is registered here, once that size is known. Each side
+    /// stages for at most [`staging_limit`] of its own ring, so each direction uses
     /// `min(receiver's ring, sender's staging limit)` of the receiver's
     /// ring (see [`ring_shares`]): both sides compute the same from the two
     /// hellos, and any two sides can talk, each message limited by what
@@ -185,7 +185,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         // What fits in half of each direction's share.
         let largest = |cap: usize| cap / 2 - HEADER_LEN;
         c.peer.len = send_cap as u64;
-        let staging = self.fabric.register(send_cap, false)?;
+        let staging = self
+            .fabric
+            .register(crate::protocol::staging_size(send_cap), false)?;
         let recvs = SrqProvision::for_connection(recv_cap, send_cap)?;
         let lends = c.qp.lends();
         if !lends {

@@ -8,9 +8,11 @@
 //! they ask for:
 //!
 //! ```text
-//!  send a frame     Sender::reserve(len) -> Ring { offset, ack } | Queue
-//!                   encode at `offset` of the staging area,
-//!                   Sender::sent(offset, len, cork)     or  Sender::queue(bytes)
+//!  send a frame     Sender::reserve(len) -> Ring { offset, staged, ack } | Queue
+//!                   encode at `staged` of the staging area,
+//!                   Sender::sent(offset, staged, len, cork)  or  Sender::queue(bytes);
+//!                   either way, then post if due (a full staging area
+//!                   asks for a signaled write, see below)
 //!  post             if Sender::should_post(): post Sender::transmits(),
 //!                   then Sender::on_posted(result)
 //!  frame doorbell   Receiver::on_frame(offset_units, byte_len, ..) -> Arrived
@@ -29,7 +31,7 @@ use std::collections::VecDeque;
 use super::credits::apply_ack;
 use super::{
     ALIGN, CreditError, CreditReturn, Doorbell, HEADER_LEN, Header, RecvRing, RingError, SendRing,
-    align_up,
+    Staging, align_up,
 };
 
 /// Every this many writes, one is signaled, so that the send queue's
@@ -39,13 +41,14 @@ pub const SIGNAL_EVERY: u64 = 16;
 /// Writes held (corked or batched) before they are posted anyway.
 pub const MAX_HELD: usize = 64;
 
-/// A write to post: a frame (bytes of the staging area, written at the same
-/// offset of the peer's ring) or a zero-length credit doorbell.
+/// A write to post: frames (bytes of the staging area, written to the
+/// peer's ring) or a zero-length credit doorbell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
-    /// `(offset, len)` in the staging area and the peer's ring; `None` for
-    /// a zero-length write.
+    /// `(offset, len)` in the staging area; `None` for a zero-length write.
     pub local: Option<(usize, usize)>,
+    /// Offset in the peer's ring the bytes go to (0 for a zero-length write).
+    pub remote: usize,
     /// The doorbell immediate.
     pub imm: u32,
     /// Work request id: the write's sequence number on this connection.
@@ -77,11 +80,13 @@ pub enum SendError {
 /// Where a frame goes, from [`Sender::reserve`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reserved {
-    /// Encode it at `offset` of the staging area with this `ack` in its
+    /// Encode it at `staged` of the staging area with this `ack` in its
     /// header, then call [`Sender::sent`].
     Ring {
-        /// Offset in the staging area and in the peer's ring.
+        /// Offset in the peer's ring.
         offset: usize,
+        /// Offset in the staging area.
+        staged: usize,
         /// The credit return to stamp in its header.
         ack: u32,
     },
@@ -93,6 +98,11 @@ pub enum Reserved {
 #[derive(Debug, Clone)]
 pub struct Sender {
     ring: SendRing,
+    staging: Staging,
+    /// Staged bytes handed out since the last signaled write: a write is
+    /// signaled once they reach a quarter of the staging area, so that
+    /// completions keep freeing it.
+    unsignaled_staged: usize,
     credits: CreditReturn,
     /// Frames waiting for ring space, each with when its timeout runs out
     /// (µs on the I/O layer's clock), if it carries one.
@@ -122,9 +132,11 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// A sender into a peer ring of `peer_ring` bytes, returning credits for
-    /// a local ring of `local_ring` bytes, with `sq_depth` writes in flight
-    /// at most and `max_backlog` bytes queued at most.
+    /// A sender into a peer ring of `peer_ring` bytes (staging its frames
+    /// in [`staging_size`](super::staging_size)`(peer_ring)` bytes),
+    /// returning credits for a local ring of `local_ring` bytes, with
+    /// `sq_depth` writes in flight at most and `max_backlog` bytes queued
+    /// at most.
     pub fn new(
         peer_ring: usize,
         local_ring: usize,
@@ -133,6 +145,7 @@ impl Sender {
     ) -> Result<Sender, RingError> {
         Ok(Sender::with_rings(
             SendRing::new(peer_ring)?,
+            Staging::for_peer_ring(peer_ring)?,
             CreditReturn::new(local_ring),
             sq_depth,
             max_backlog,
@@ -141,12 +154,15 @@ impl Sender {
 
     fn with_rings(
         ring: SendRing,
+        staging: Staging,
         credits: CreditReturn,
         sq_depth: u64,
         max_backlog: usize,
     ) -> Sender {
         Sender {
             ring,
+            staging,
+            unsignaled_staged: 0,
             credits,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
@@ -180,6 +196,7 @@ impl Sender {
         let _ = credits.take_ack();
         Sender::with_rings(
             SendRing::at_position(peer_ring, pos),
+            Staging::for_peer_ring(peer_ring).expect("valid ring"),
             credits,
             sq_depth,
             max_backlog,
@@ -226,9 +243,13 @@ impl Sender {
             });
         }
         if self.backlog.is_empty() && self.sq_room() {
-            if let Ok(Some(slot)) = self.ring.reserve(len) {
+            if !self.staging.fits(len) {
+                self.signal_staged();
+            } else if let Ok(Some(slot)) = self.ring.reserve(len) {
+                let staged = self.staging.reserve(len).expect("checked it fits");
                 return Ok(Reserved::Ring {
                     offset: slot.offset,
+                    staged,
                     ack: self.credits.take_ack(),
                 });
             }
@@ -246,15 +267,32 @@ impl Sender {
         Ok(Reserved::Queue)
     }
 
-    /// The frame [`Sender::reserve`] placed at `offset` is written. With
-    /// `cork`, its write is held (see [`Sender::should_post`]) for frames
-    /// that follow; without, it takes the held ones along. Returns whether
-    /// this frame corked the connection.
-    pub fn sent(&mut self, offset: usize, len: usize, cork: bool) -> bool {
+    /// The frame [`Sender::reserve`] placed at `offset` of the peer's ring
+    /// and `staged` of the staging area is written there. With `cork`, its
+    /// write is held (see [`Sender::should_post`]) for frames that follow;
+    /// without, it takes the held ones along. Returns whether this frame
+    /// corked the connection.
+    pub fn sent(&mut self, offset: usize, staged: usize, len: usize, cork: bool) -> bool {
         let was_corked = self.corked;
         self.corked = cork;
-        self.push_frame(offset, len);
+        self.push_frame(offset, staged, len);
         self.corked && !was_corked
+    }
+
+    /// The staging area is too full for the next frame: makes sure a
+    /// signaled write covers every staged byte, so that its completion
+    /// frees them (unsignaled writes report nothing).
+    fn signal_staged(&mut self) {
+        if self.unsignaled_staged == 0 {
+            return;
+        }
+        if let Some(last) = self.transmits.last_mut() {
+            // Not posted yet, and after every staged write: signal it.
+            last.signaled = true;
+            self.unsignaled_staged = 0;
+        } else if self.dead.is_none() && self.sq_room() {
+            self.push_credit(true);
+        }
     }
 
     /// Queues a frame [`Sender::reserve`] had no room for, encoded whole.
@@ -279,42 +317,67 @@ impl Sender {
     }
 
     /// Hands out the write of a frame: appended to the write before it
-    /// when that one is not posted yet and ends where this frame starts, so
-    /// that frames sent together travel as one write with one doorbell
-    /// (the receiver walks the frames the write's length covers).
-    fn push_frame(&mut self, offset: usize, len: usize) {
-        if let Some(Transmit {
-            local: Some((first, total)),
-            ..
-        }) = self.transmits.last_mut()
-        {
-            if *first + align_up(*total) == offset {
-                *total = offset + len - *first;
-                return;
+    /// when that one is not posted yet and ends where this frame starts,
+    /// in the staging area and in the peer's ring, so that frames sent
+    /// together travel as one write with one doorbell (the receiver walks
+    /// the frames the write's length covers).
+    fn push_frame(&mut self, offset: usize, staged: usize, len: usize) {
+        let appended = match self.transmits.last_mut() {
+            Some(Transmit {
+                local: Some((first, total)),
+                remote,
+                ..
+            }) if *first + align_up(*total) == staged && *remote + align_up(*total) == offset => {
+                *total = staged + len - *first;
+                true
+            }
+            _ => false,
+        };
+        if !appended {
+            let imm = Doorbell::Frame {
+                offset_units: (offset / ALIGN) as u32,
+            }
+            .encode();
+            self.push(Some((staged, len)), offset, imm, false);
+        }
+        let last = self.transmits.last_mut().expect("just pushed or extended");
+        self.staging.hold(last.wr_id, self.ring.head());
+        if !last.signaled {
+            self.unsignaled_staged += align_up(len);
+            if self.unsignaled_staged >= self.staging.capacity() / 4 {
+                last.signaled = true;
+                self.unsignaled_staged = 0;
             }
         }
-        let imm = Doorbell::Frame {
-            offset_units: (offset / ALIGN) as u32,
-        }
-        .encode();
-        self.push(Some((offset, len)), imm, false);
     }
 
-    fn push(&mut self, local: Option<(usize, usize)>, imm: u32, signal: bool) -> u64 {
+    fn push(
+        &mut self,
+        local: Option<(usize, usize)>,
+        remote: usize,
+        imm: u32,
+        signal: bool,
+    ) -> u64 {
         self.posted += 1;
         let wr_id = self.posted;
+        let signaled = signal || wr_id % SIGNAL_EVERY == 0;
+        if signaled {
+            // It completes after every write before it.
+            self.unsignaled_staged = 0;
+        }
         self.transmits.push(Transmit {
             local,
+            remote,
             imm,
             wr_id,
-            signaled: signal || wr_id % SIGNAL_EVERY == 0,
+            signaled,
         });
         wr_id
     }
 
     fn push_credit(&mut self, signal: bool) -> u64 {
         let ack = self.credits.take_ack();
-        self.push(None, Doorbell::Credit { ack }.encode(), signal)
+        self.push(None, 0, Doorbell::Credit { ack }.encode(), signal)
     }
 
     /// Whether the writes handed out should be posted now: they are not
@@ -354,7 +417,9 @@ impl Sender {
 
     /// The peer returned credits (`ack` from a header or a credit doorbell).
     pub fn on_ack(&mut self, ack: u32) -> Result<(), CreditError> {
-        apply_ack(&mut self.ring, ack).map(drop)
+        apply_ack(&mut self.ring, ack)?;
+        self.staging.released(self.ring.tail());
+        Ok(())
     }
 
     /// Our ring was consumed up to the cumulative position `consumed`: the
@@ -363,22 +428,29 @@ impl Sender {
         self.credits.on_consumed(consumed);
     }
 
-    /// The signaled write `wr_id` completed, and so every write before it.
+    /// The signaled write `wr_id` completed, and so every write before it:
+    /// their staged bytes are free.
     pub fn on_completion(&mut self, wr_id: u64) {
         self.completed = self.completed.max(wr_id);
+        self.staging.complete(self.completed);
     }
 
-    /// Moves queued frames into the peer's ring while it and the send queue
-    /// have room: `write(offset, frame)` copies each (its ack already
-    /// stamped) into the staging area.
+    /// Moves queued frames into the peer's ring while it, the staging area
+    /// and the send queue have room: `write(staged, frame)` copies each (its
+    /// ack already stamped) into the staging area at `staged`.
     pub fn flush(&mut self, mut write: impl FnMut(usize, &[u8])) {
         while self.dead.is_none() && self.sq_room() {
             let Some(len) = self.backlog.front().map(|(f, _)| f.len()) else {
                 break;
             };
+            if !self.staging.fits(len) {
+                self.signal_staged();
+                break;
+            }
             let Ok(Some(slot)) = self.ring.reserve(len) else {
                 break;
             };
+            let staged = self.staging.reserve(len).expect("checked it fits");
             let (mut frame, expires) = self.backlog.pop_front().expect("front exists");
             self.backlog_bytes -= len;
             if let Some(expires) = expires {
@@ -390,8 +462,8 @@ impl Sender {
                 Header::set_timeout(&mut frame, left as u32);
             }
             Header::set_ack(&mut frame, self.credits.take_ack());
-            write(slot.offset, &frame);
-            self.push_frame(slot.offset, len);
+            write(staged, &frame);
+            self.push_frame(slot.offset, staged, len);
         }
     }
 
@@ -620,14 +692,23 @@ mod tests {
         let Ok(Reserved::Ring { offset: 0, .. }) = s.reserve(2048, false) else {
             panic!("first frame fits");
         };
-        assert!(!s.sent(0, 2048, false));
+        assert!(!s.sent(0, 0, 2048, false));
         assert!(s.should_post(false));
+        assert!(s.transmits()[0].signaled, "half the staging area");
         s.on_posted(Ok(()));
-        let Ok(Reserved::Ring { offset: 2048, .. }) = s.reserve(2048, false) else {
+        // Executed: its staging bytes are free, its ring bytes are not.
+        s.on_completion(1);
+        let Ok(Reserved::Ring {
+            offset: 2048,
+            staged: 0,
+            ..
+        }) = s.reserve(2048, false)
+        else {
             panic!("second frame fits");
         };
-        s.sent(2048, 2048, false);
+        s.sent(2048, 0, 2048, false);
         s.on_posted(Ok(()));
+        s.on_completion(2);
         assert_eq!(
             s.reserve(2048, true),
             Err(SendError::Full(
@@ -644,18 +725,59 @@ mod tests {
         assert_eq!(written, vec![(0, 2048)]);
         assert_eq!(s.transmits().len(), 1);
         assert_eq!(s.transmits()[0].local, Some((0, 2048)));
+        assert_eq!(s.transmits()[0].remote, 0);
         assert!(!s.has_unsent() || !s.transmits().is_empty());
+    }
+
+    #[test]
+    fn a_full_staging_area_signals_and_a_completion_flushes() {
+        // A peer ring of 8 KiB: 4 KiB of staging, a signal every 1 KiB.
+        let mut s = Sender::new(8192, 4096, 128, 1 << 20).unwrap();
+        let mut signaled = Vec::new();
+        for i in 0..5 {
+            let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(640, false) else {
+                panic!("frame {i} fits");
+            };
+            assert_eq!((offset, staged), (i * 640, i * 640));
+            s.sent(offset, staged, 640, false);
+            signaled.push(s.transmits()[0].signaled);
+            s.on_posted(Ok(()));
+        }
+        assert_eq!(signaled, [false, true, false, true, false]);
+        // The peer's ring has room; the staging area has 896 bytes left at
+        // its end and nothing at its start until a write completes. The last
+        // write was not signaled: a signaled credit doorbell follows it.
+        assert_eq!(s.reserve(1000, false), Ok(Reserved::Queue));
+        let [credit] = s.transmits() else {
+            panic!("{:?}", s.transmits());
+        };
+        assert!(credit.signaled && credit.local.is_none());
+        assert_eq!(credit.wr_id, 6);
+        s.on_posted(Ok(()));
+        s.queue_until(frame(1000, 0), None);
+        let mut written = Vec::new();
+        s.flush(|staged, bytes| written.push((staged, bytes.len())));
+        assert!(written.is_empty(), "nothing completed yet");
+        s.on_completion(2);
+        s.flush(|staged, bytes| written.push((staged, bytes.len())));
+        assert_eq!(written, [(0, 1000)]);
+        let [t] = s.transmits() else {
+            panic!("{:?}", s.transmits());
+        };
+        assert_eq!((t.local, t.remote), (Some((0, 1000)), 5 * 640));
     }
 
     #[test]
     fn a_queued_request_leaves_with_the_timeout_that_remains() {
         let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
         for _ in 0..2 {
-            let Ok(Reserved::Ring { offset, .. }) = s.reserve(2048, false) else {
+            let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(2048, false) else {
                 panic!("fits");
             };
-            s.sent(offset, 2048, false);
+            s.sent(offset, staged, 2048, false);
+            let wr = s.transmits()[0].wr_id;
             s.on_posted(Ok(()));
+            s.on_completion(wr);
         }
         assert_eq!(s.reserve(64, false), Ok(Reserved::Queue));
         // Queued at t = 1000 µs with a 500 µs timeout; an untimed one behind it.
@@ -684,16 +806,20 @@ mod tests {
     fn corked_frames_leave_with_the_next_uncorked_one() {
         let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
         for i in 0..3 {
-            let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) else {
+            let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) else {
                 panic!("fits");
             };
-            assert_eq!(s.sent(offset, 64, true), i == 0, "only the first corks");
+            assert_eq!(
+                s.sent(offset, staged, 64, true),
+                i == 0,
+                "only the first corks"
+            );
             assert!(!s.should_post(false));
         }
-        let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) else {
+        let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) else {
             panic!("fits");
         };
-        assert!(!s.sent(offset, 64, false));
+        assert!(!s.sent(offset, staged, 64, false));
         assert!(s.should_post(false));
         // Back to back in the ring: one write carries all four.
         assert_eq!(s.transmits().len(), 1);
@@ -706,7 +832,7 @@ mod tests {
         let mut ring = vec![0u8; 4096];
         let lens = [40, 200, 64, 33];
         for (i, &len) in lens.iter().enumerate() {
-            let Ok(Reserved::Ring { offset, .. }) = s.reserve(len, false) else {
+            let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(len, false) else {
                 panic!("fits");
             };
             let mut bytes = frame(len, 0);
@@ -714,7 +840,7 @@ mod tests {
             h.call_id = CallId(i as u64);
             h.encode((&mut bytes[..HEADER_LEN]).try_into().unwrap());
             ring[offset..offset + len].copy_from_slice(&bytes);
-            s.sent(offset, len, true);
+            s.sent(offset, staged, len, true);
         }
         s.uncork();
         let [t] = s.transmits() else {
@@ -762,10 +888,10 @@ mod tests {
     fn a_batch_holds_writes_only_on_its_own_turn() {
         let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
         s.begin_batch();
-        let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) else {
+        let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) else {
             panic!("fits");
         };
-        s.sent(offset, 64, false);
+        s.sent(offset, staged, 64, false);
         assert!(!s.should_post(true));
         assert!(s.should_post(false), "another thread's reply is not held");
         s.end_batch(|_, _| unreachable!("nothing queued"));
@@ -776,8 +902,8 @@ mod tests {
     fn the_send_queue_bounds_writes_in_flight() {
         let mut s = Sender::new(1 << 16, 4096, 8, 1 << 20).unwrap();
         let mut ring = 0;
-        while let Ok(Reserved::Ring { offset, .. }) = s.reserve(64, false) {
-            s.sent(offset, 64, false);
+        while let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) {
+            s.sent(offset, staged, 64, false);
             s.on_posted(Ok(()));
             ring += 1;
         }
@@ -865,10 +991,10 @@ mod tests {
 
         // Any write between ticks keeps the heartbeat away.
         for _ in 0..5 {
-            let Reserved::Ring { offset, .. } = tx.reserve(64, false).unwrap() else {
+            let Reserved::Ring { offset, staged, .. } = tx.reserve(64, false).unwrap() else {
                 panic!("room")
             };
-            tx.sent(offset, 64, false);
+            tx.sent(offset, staged, 64, false);
             tx.on_posted(Ok(()));
             assert_eq!(tx.heartbeat_tick(), None);
         }

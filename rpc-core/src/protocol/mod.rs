@@ -46,4 +46,4 @@ pub use doorbell::Doorbell;
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use header::{FrameKind, HEADER_LEN, Header, HeaderError, VERSION};
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))]
-pub use ring::{ALIGN, RecvRing, RingError, SendRing, Slot, align_up};
+pub use ring::{ALIGN, RecvRing, RingError, SendRing, Slot, Staging, align_up, staging_size};

@@ -255,7 +255,6 @@ impl SendRing {
     }
 
     /// Cumulative bytes reserved.
-    #[cfg(any(test, feature = "testing"))]
     pub fn head(&self) -> u64 {
         self.head
     }
@@ -371,6 +370,125 @@ impl RecvRing {
     pub fn consumed(&self) -> u64 {
         self.head
     }
+}
+
+/// Where a sender encodes frames before their writes are posted: a ring of
+/// its own, half the size of the peer's, not a mirror of it.
+///
+/// A frame's bytes are needed until its write has executed, which a
+/// reliable connection reports (in order) by completing a signaled write at
+/// or after it, or which the peer's credit for the frame proves (it read
+/// the frame, so the write had executed); the peer's ring holds them much
+/// longer, until the receiver has consumed them and its credit came back.
+/// So staging space is freed by send completions (or credits, whichever
+/// comes first), and a frame's staging offset has nothing to do with its
+/// offset in the peer's ring. Every frame fits: frames are at most half
+/// the peer's ring, which is this ring's capacity, and an empty staging
+/// ring places a frame at its start.
+#[derive(Debug, Clone)]
+pub struct Staging {
+    capacity: usize,
+    head: u64,
+    tail: u64,
+    /// Writes holding staged bytes, oldest first: `(wr_id, head after its
+    /// bytes, peer ring position after its bytes)`. Completing `wr_id`, or
+    /// the peer releasing its ring to that position, frees everything
+    /// before that head.
+    held: std::collections::VecDeque<(u64, u64, u64)>,
+}
+
+impl Staging {
+    /// The staging ring for a peer ring of `peer_ring` bytes (a valid ring
+    /// capacity): `peer_ring / 2` bytes, the largest frame it takes.
+    pub fn for_peer_ring(peer_ring: usize) -> Result<Staging, RingError> {
+        check_capacity(peer_ring)?;
+        Ok(Staging {
+            capacity: staging_size(peer_ring),
+            head: 0,
+            tail: 0,
+            held: std::collections::VecDeque::new(),
+        })
+    }
+
+    /// Bytes of the staging area.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Where a frame of `len` bytes would go now, and the head after it.
+    fn plan(&self, len: usize) -> Option<(usize, u64)> {
+        let need = footprint(len);
+        if need > self.capacity {
+            return None;
+        }
+        let off = ring_offset(self.capacity, self.head);
+        let slot = place(self.capacity, off, need);
+        let start = self.head + slot.skipped as u64;
+        if self.head == self.tail {
+            // Empty: the skipped tail is free to drop at once.
+            return Some((slot.offset, start + need as u64));
+        }
+        let free = self.capacity as u64 - (self.head - self.tail);
+        ((slot.skipped + need) as u64 <= free).then_some((slot.offset, start + need as u64))
+    }
+
+    /// Whether a frame of `len` bytes fits now.
+    pub fn fits(&self, len: usize) -> bool {
+        self.plan(len).is_some()
+    }
+
+    /// Reserves room for a frame of `len` bytes: its offset, or `None` until
+    /// writes complete.
+    pub fn reserve(&mut self, len: usize) -> Option<usize> {
+        let (offset, head) = self.plan(len)?;
+        if self.head == self.tail {
+            self.tail = head - footprint(len) as u64;
+        }
+        self.head = head;
+        Some(offset)
+    }
+
+    /// The frames reserved so far go out in the write `wr_id`, and end at
+    /// cumulative position `ring_end` of the peer's ring.
+    pub fn hold(&mut self, wr_id: u64, ring_end: u64) {
+        match self.held.back_mut() {
+            Some((id, end, ring)) if *id == wr_id => (*end, *ring) = (self.head, ring_end),
+            _ => self.held.push_back((wr_id, self.head, ring_end)),
+        }
+    }
+
+    /// The write `wr_id` and every one before it completed: their bytes are free.
+    pub fn complete(&mut self, wr_id: u64) {
+        self.free_while(|id, _| id <= wr_id);
+    }
+
+    /// The peer released its ring up to cumulative position `ring_tail`:
+    /// it read the frames before it, so their writes executed.
+    pub fn released(&mut self, ring_tail: u64) {
+        self.free_while(|_, ring_end| ring_end <= ring_tail);
+    }
+
+    fn free_while(&mut self, done: impl Fn(u64, u64) -> bool) {
+        while let Some(&(id, end, ring_end)) = self.held.front() {
+            if !done(id, ring_end) {
+                break;
+            }
+            self.tail = end;
+            self.held.pop_front();
+        }
+    }
+
+    /// Bytes reserved and not yet freed.
+    #[cfg(test)]
+    pub fn in_use(&self) -> u64 {
+        self.head - self.tail
+    }
+}
+
+/// Bytes of the staging area for a peer ring of `peer_ring` bytes: half of
+/// it, the largest frame the peer's ring takes.
+pub const fn staging_size(peer_ring: usize) -> usize {
+    peer_ring / 2
 }
 
 #[cfg(test)]
@@ -907,5 +1025,67 @@ mod tests {
         for e in errors {
             assert!(!e.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn staging_is_freed_by_completions() {
+        let mut st = Staging::for_peer_ring(CAP).unwrap();
+        assert_eq!(st.capacity(), CAP / 2);
+        assert_eq!(st.reserve(1000), Some(0));
+        st.hold(1, u64::MAX);
+        assert_eq!(st.reserve(1000), Some(1024));
+        st.hold(1, u64::MAX);
+        // 2048 - 2048 = 0 left.
+        assert_eq!(st.reserve(1), None);
+        st.complete(0);
+        assert_eq!(st.reserve(1), None, "write 1 has not completed");
+        st.complete(1);
+        assert_eq!(st.in_use(), 0);
+        assert_eq!(
+            st.reserve(2048),
+            Some(0),
+            "the largest frame fits when empty"
+        );
+        st.hold(2, u64::MAX);
+        st.complete(2);
+        // Empty at offset 0 after a full lap; a frame at 1024 then one that
+        // must wrap: the skipped tail counts until freed.
+        assert_eq!(st.reserve(1024), Some(0));
+        st.hold(3, u64::MAX);
+        assert_eq!(st.reserve(512), Some(1024));
+        st.hold(4, u64::MAX);
+        st.complete(3);
+        // 512 skipped at the end plus 1088 at the start: more than is free.
+        assert_eq!(st.reserve(1088), None);
+        assert_eq!(st.reserve(1000), Some(0));
+        st.hold(5, u64::MAX);
+        st.complete(5);
+        assert_eq!(st.in_use(), 0);
+    }
+
+    #[test]
+    fn an_empty_staging_ring_takes_the_largest_frame_at_any_offset() {
+        let mut st = Staging::for_peer_ring(CAP).unwrap();
+        assert_eq!(st.reserve(64), Some(0));
+        st.hold(1, u64::MAX);
+        st.complete(1);
+        // Head at 64: 2048 does not fit before the end, but nothing is held.
+        assert_eq!(st.reserve(2048), Some(0));
+        assert_eq!(st.in_use(), 2048);
+        assert_eq!(st.reserve(2049), None);
+    }
+
+    #[test]
+    fn staging_is_freed_by_the_peers_credits_too() {
+        let mut st = Staging::for_peer_ring(CAP).unwrap();
+        assert_eq!(st.reserve(1024), Some(0));
+        st.hold(1, 1024);
+        assert_eq!(st.reserve(1024), Some(1024));
+        st.hold(1, 2048);
+        assert_eq!(st.reserve(64), None);
+        st.released(1024);
+        assert_eq!(st.in_use(), 2048, "write 1 holds both frames");
+        st.released(2048);
+        assert_eq!(st.in_use(), 0);
     }
 }

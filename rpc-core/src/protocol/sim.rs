@@ -5,9 +5,10 @@
 //! and only as much as reliable-connection semantics require:
 //!
 //! - each end has its ring memory and its staging area (`Vec<u8>`s);
-//! - a posted write copies the staging bytes into the peer's ring at once
-//!   (data lands no later than its doorbell) and queues its doorbell on the
-//!   wire, a FIFO per direction (RC delivers in order);
+//! - a posted write goes on the wire, a FIFO per direction (RC delivers in
+//!   order); when it is delivered, its staging bytes are copied into the
+//!   peer's ring as they are then (so a sender that reused staging bytes
+//!   before the write completed corrupts the frame), and its doorbell rings;
 //! - a delivered signaled write queues its completion for its sender.
 //!
 //! End A sends frames with `call_id` = sequence number and bodies cut from a
@@ -28,7 +29,7 @@ use super::connection::SIGNAL_EVERY;
 use super::credits::{ACK_MODULUS, ack_for};
 use super::{
     ALIGN, CallId, CreditError, Doorbell, FrameKind, HEADER_LEN, Header, Receiver, Reserved,
-    SendError, Sender, Transmit, align_up,
+    SendError, Sender, Transmit, align_up, staging_size,
 };
 
 /// Largest ring simulated.
@@ -90,7 +91,7 @@ impl End {
         End {
             tx: Sender::at_position(cap, cap, base, sq_depth, MAX_BACKLOG),
             rx: Receiver::at_position(cap, base),
-            staging: vec![0; cap],
+            staging: vec![0; staging_size(cap)],
             mem: vec![0; cap],
             wire: VecDeque::new(),
             completions: VecDeque::new(),
@@ -168,6 +169,18 @@ impl Owners {
         self.head += need as u64;
     }
 
+    /// Claims the next frame `seq` of `len` bytes where the ring's rule
+    /// puts it: at the head, or at 0 if it does not fit before the end.
+    fn claim_next(&mut self, len: usize, seq: u64) {
+        let at = (self.head % self.cap as u64) as usize;
+        let offset = if at + footprint(len) <= self.cap {
+            at
+        } else {
+            0
+        };
+        self.claim(offset, len, seq);
+    }
+
     /// B released its ring from cumulative position `from` to `to`, all of
     /// it frame `seq`'s.
     fn release(&mut self, from: u64, to: u64, seq: u64) {
@@ -240,14 +253,6 @@ impl Sim {
         }
     }
 
-    /// `side`'s end and its peer.
-    fn ends(&mut self, side: Side) -> (&mut End, &mut End) {
-        match side {
-            Side::A => (&mut self.a, &mut self.b),
-            Side::B => (&mut self.b, &mut self.a),
-        }
-    }
-
     fn body(pattern: &[u8], seq: u64, len: usize) -> &[u8] {
         let shift = (seq.wrapping_mul(0x9e37_79b9) % SHIFTS as u64) as usize;
         &pattern[shift..shift + len]
@@ -291,22 +296,28 @@ impl Sim {
         self.next_seq += 1;
         self.stats.sent += 1;
         match self.a.tx.reserve(len, false) {
-            Ok(Reserved::Ring { offset, ack }) => {
+            Ok(Reserved::Ring {
+                offset,
+                staged,
+                ack,
+            }) => {
                 self.owners.claim(offset, len, seq);
                 assert_eq!(self.owners.head, self.a.tx.ring().head());
                 Self::encode(
                     &self.pattern,
                     seq,
                     ack,
-                    &mut self.a.staging[offset..offset + len],
+                    &mut self.a.staging[staged..staged + len],
                 );
-                self.a.tx.sent(offset, len, cork);
+                self.a.tx.sent(offset, staged, len, cork);
                 self.post(Side::A, false);
             }
             Ok(Reserved::Queue) => {
                 let mut frame = vec![0; len];
                 Self::encode(&self.pattern, seq, 0, &mut frame);
                 self.a.tx.queue_until(frame, None);
+                // A full staging area may have handed out a signaled write.
+                self.post(Side::A, false);
                 self.stats.blocked += 1;
                 if self.stats.liveness_checks < LIVENESS_CHECKS {
                     self.stats.liveness_checks += 1;
@@ -336,17 +347,22 @@ impl Sim {
             ack,
         };
         match self.b.tx.reserve(len, false) {
-            Ok(Reserved::Ring { offset, ack }) => {
-                let out = &mut self.b.staging[offset..offset + len];
+            Ok(Reserved::Ring {
+                offset,
+                staged,
+                ack,
+            }) => {
+                let out = &mut self.b.staging[staged..staged + len];
                 header(ack).encode((&mut out[..HEADER_LEN]).try_into().unwrap());
                 out[HEADER_LEN..].fill(seq as u8);
-                self.b.tx.sent(offset, len, false);
+                self.b.tx.sent(offset, staged, len, false);
                 self.post(Side::B, in_turn);
             }
             Ok(Reserved::Queue) => {
                 let mut frame = vec![seq as u8; len];
                 header(0).encode((&mut frame[..HEADER_LEN]).try_into().unwrap());
                 self.b.tx.queue_until(frame, None);
+                self.post(Side::B, in_turn);
             }
             Err(e) => panic!("reply {seq} refused: {e:?}"),
         }
@@ -360,16 +376,10 @@ impl Sim {
         }
     }
 
-    /// Posts `side`'s writes: bytes land in the peer's ring, doorbells go
-    /// on the wire.
+    /// Posts `side`'s writes: they go on the wire.
     fn post_now(&mut self, side: Side) {
-        let (from, to) = self.ends(side);
-        for t in from.tx.transmits() {
-            if let Some((off, len)) = t.local {
-                to.mem[off..off + len].copy_from_slice(&from.staging[off..off + len]);
-            }
-            from.wire.push_back(*t);
-        }
+        let from = self.end(side);
+        from.wire.extend(from.tx.transmits().iter().copied());
         from.tx.on_posted(Ok(()));
     }
 
@@ -381,12 +391,12 @@ impl Sim {
         };
         let End { tx, staging, .. } = end;
         let mut owners = owners;
-        let write = |offset: usize, frame: &[u8]| {
+        let write = |staged: usize, frame: &[u8]| {
             if let Some(owners) = owners.as_deref_mut() {
                 let header = Header::decode(frame).expect("queued frame");
-                owners.claim(offset, frame.len(), header.call_id.0);
+                owners.claim_next(frame.len(), header.call_id.0);
             }
-            staging[offset..offset + frame.len()].copy_from_slice(frame);
+            staging[staged..staged + frame.len()].copy_from_slice(frame);
         };
         if end_batch {
             tx.end_batch(write);
@@ -418,6 +428,9 @@ impl Sim {
         let Some(t) = from.wire.pop_front() else {
             return false;
         };
+        if let Some((staged, len)) = t.local {
+            to.mem[t.remote..t.remote + len].copy_from_slice(&from.staging[staged..staged + len]);
+        }
         if t.signaled {
             from.completions.push_back(t.wr_id);
         }
@@ -436,7 +449,8 @@ impl Sim {
                 self.flush(side, false);
             }
             Some(Doorbell::Frame { offset_units }) => {
-                let (first, write_len) = t.local.expect("a frame carries bytes");
+                let (_, write_len) = t.local.expect("a frame carries bytes");
+                let first = t.remote;
                 assert_eq!(first, offset_units as usize * ALIGN);
                 let mut at = Some((offset_units, write_len as u32));
                 while let Some((offset_units, left)) = at {
