@@ -70,8 +70,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Send-queue entries per queue pair.
-const SQ_DEPTH: u32 = 256;
+/// Send-queue entries asked for per queue pair: one less than a power of
+/// two, because devices round the queue up to a power of two of slots and
+/// Soft-RoCE keeps one slot more than asked (256 would be 512 slots of
+/// 512 bytes, 256 KiB per connection; 255 is half that).
+const SQ_DEPTH: u32 = 255;
 /// Reads of lent payloads a queue pair has in flight at most; more wait
 /// in it for one to complete.
 pub(super) const MAX_READS: usize = 16;
