@@ -7,11 +7,11 @@ pub const USAGE: &str = "\
 usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
                  [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
-                 [--ring-size BYTES]
+                 [--ring-size BYTES] [--rendezvous-above BYTES]
        rpc-bench --stream --url URL --size BYTES --calls N [--concurrency C]
                  [--stream-len M] [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
-                 [--ring-size BYTES]
+                 [--ring-size BYTES] [--rendezvous-above BYTES]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
@@ -53,6 +53,9 @@ poll an idle queue before they sleep (the builders' spin(); default: 50 µs,
 adapted to the gaps observed).
 --ring-size BYTES (an experiment, not a default) sets the receive ring of
 server and clients (the builders' ring_size(); a power of two).
+--rendezvous-above BYTES (an experiment, not a default) sets the payload size
+above which messages travel by rendezvous, each side (the builders'
+rendezvous_above(); default 32 KiB).
 Payloads above 63 MiB raise both sides' max_message_size to fit (the
 default limit is 64 MiB), as the tonic baseline's limits are raised.
 Exit code: 0, 1 if any call failed or a baseline could not run, 2 on bad arguments.";
@@ -89,7 +92,8 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// The baseline to measure too.
     pub baseline: Option<Baseline>,
-    /// Experiment knobs (`--spin-us`, `--ring-size`; None: the default).
+    /// Experiment knobs (`--spin-us`, `--ring-size`, `--rendezvous-above`;
+    /// None: the default).
     pub tuning: crate::rpc::Tuning,
     /// Server streams instead of unary calls (`--stream`): `calls` counts
     /// messages.
@@ -169,6 +173,9 @@ impl Options {
                         return Err(format!("--ring-size {bytes}: a power of two is needed"));
                     }
                     tuning.ring_size = Some(bytes as usize);
+                }
+                "--rendezvous-above" => {
+                    tuning.rendezvous_above = Some(number(&name, &value()?)? as usize)
                 }
                 "--stream-len" => stream_len = Some(number(&name, &value()?)?),
                 "--help" | "-h" => return Ok(None),

@@ -60,7 +60,8 @@ pub struct RpcRun {
 }
 
 /// Settings a run may change for an experiment (`--spin-us`,
-/// `--ring-size`); each `None` leaves the default a user gets.
+/// `--ring-size`, `--rendezvous-above`); each `None` leaves the default a
+/// user gets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tuning {
     /// How long server and clients spin before they sleep.
@@ -69,6 +70,8 @@ pub struct Tuning {
     pub ring_size: Option<usize>,
     /// Largest message, each side (set by [`Tuning::fitting`]).
     pub max_message: Option<usize>,
+    /// Payloads above this many bytes travel by rendezvous, each side.
+    pub rendezvous_above: Option<usize>,
 }
 
 /// The largest message both sides accept by default.
@@ -97,6 +100,9 @@ impl Tuning {
         if let Some(bytes) = self.max_message {
             builder = builder.max_message_size(bytes);
         }
+        if let Some(bytes) = self.rendezvous_above {
+            builder = builder.rendezvous_above(bytes);
+        }
         builder
     }
 
@@ -109,6 +115,9 @@ impl Tuning {
         }
         if let Some(bytes) = self.max_message {
             builder = builder.max_message_size(bytes);
+        }
+        if let Some(bytes) = self.rendezvous_above {
+            builder = builder.rendezvous_above(bytes);
         }
         builder
     }

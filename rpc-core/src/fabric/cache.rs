@@ -8,7 +8,9 @@
 //! [`MIN_CLASS`]), and handed out again: in the steady state a large
 //! message registers and maps nothing. The cache is bounded
 //! ([`CACHED_BYTES`] in all, [`PER_CLASS`] buffers per class); a buffer
-//! larger than a quarter of the bound is never kept.
+//! larger than a quarter of the bound is never kept, so it is made to the
+//! message's size (in whole pages), not rounded up to a power of two: a
+//! 256 MiB message registers 256 MiB, not 512.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,11 +45,21 @@ pub(crate) const CACHED_BYTES: usize = 256 << 20;
 /// Most buffers kept per size class.
 pub(crate) const PER_CLASS: usize = 32;
 
-/// The size class (a power of two, at least [`MIN_CLASS`]) that holds `len`
-/// bytes; `None` above 2^40.
+/// The size class that holds `len` bytes: a power of two, at least
+/// [`MIN_CLASS`], up to the largest kept ([`CACHED_BYTES`] / 4); above
+/// that, `len` in whole pages (never kept, so never shared with another
+/// size). `None` above 2^40.
 pub(crate) fn class_of(len: usize) -> Option<usize> {
-    let class = len.max(MIN_CLASS).checked_next_power_of_two()?;
-    (class <= 1 << 40).then_some(class)
+    const PAGE: usize = 4096;
+    if len > 1 << 40 {
+        return None;
+    }
+    let class = len.max(MIN_CLASS).next_power_of_two();
+    Some(if class > CACHED_BYTES / 4 {
+        len.next_multiple_of(PAGE)
+    } else {
+        class
+    })
 }
 
 /// Buffers of type `T` kept by size class.
@@ -138,7 +150,12 @@ mod tests {
         assert_eq!(class_of(0), Some(MIN_CLASS));
         assert_eq!(class_of(MIN_CLASS), Some(MIN_CLASS));
         assert_eq!(class_of(MIN_CLASS + 1), Some(2 * MIN_CLASS));
+        assert_eq!(class_of(CACHED_BYTES / 4), Some(CACHED_BYTES / 4));
+        // Above what is kept: the size itself, in whole pages.
+        assert_eq!(class_of(CACHED_BYTES / 4 + 1), Some(CACHED_BYTES / 4 + 4096));
+        assert_eq!(class_of((256 << 20) + 100), Some((256 << 20) + 4096));
         assert_eq!(class_of(1 << 30), Some(1 << 30));
+        assert_eq!(class_of((1 << 40) + 1), None);
         assert_eq!(class_of(usize::MAX), None);
     }
 
