@@ -152,7 +152,10 @@ mod tests {
         assert_eq!(class_of(MIN_CLASS + 1), Some(2 * MIN_CLASS));
         assert_eq!(class_of(CACHED_BYTES / 4), Some(CACHED_BYTES / 4));
         // Above what is kept: the size itself, in whole pages.
-        assert_eq!(class_of(CACHED_BYTES / 4 + 1), Some(CACHED_BYTES / 4 + 4096));
+        assert_eq!(
+            class_of(CACHED_BYTES / 4 + 1),
+            Some(CACHED_BYTES / 4 + 4096)
+        );
         assert_eq!(class_of((256 << 20) + 100), Some((256 << 20) + 4096));
         assert_eq!(class_of(1 << 30), Some(1 << 30));
         assert_eq!(class_of((1 << 40) + 1), None);
