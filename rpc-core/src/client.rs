@@ -222,11 +222,12 @@ impl ChannelBuilder {
     }
 
     /// Size of the receive ring for responses, in bytes: a power of two
-    /// (default 256 KiB). Small messages travel through it; payloads larger
+    /// (default 256 KiB on mem:// and tcp://, 128 KiB on rdma://, where it is
+    /// registered memory). Small messages travel through it; payloads larger
     /// than the rendezvous threshold ([`ChannelBuilder::rendezvous_above`])
     /// or than half the ring are lent by the sender and read from its memory.
     pub fn ring_size(mut self, bytes: usize) -> Self {
-        self.config.ring_size = bytes;
+        self.config.ring_size = Some(bytes);
         self
     }
 
@@ -591,7 +592,7 @@ impl<F: Fabric> Client<F> {
         tls: Option<crate::fabric::ClientTls>,
     ) -> Result<Client<F>, Status> {
         let ep = least_loaded(&rt.endpoints).clone();
-        let ring = ep.fabric.register(config.ring_size, true)?;
+        let ring = ep.fabric.register(config.ring_size::<F>(), true)?;
         let local = LocalSetup {
             ring: &ring,
             max_message: config.max_message as u32,

@@ -743,12 +743,14 @@ impl ServerBuilder {
         self
     }
 
-    /// Receive ring per connection in bytes, a power of two (default 256 KiB).
+    /// Receive ring per connection in bytes, a power of two (default 256 KiB
+    /// on mem:// and tcp://, 128 KiB on rdma://, where it is registered
+    /// memory).
     /// Small messages travel through it; payloads larger than the
     /// rendezvous threshold ([`ServerBuilder::rendezvous_above`]) or than
     /// half the ring are lent by the sender and read from its memory.
     pub fn ring_size(mut self, bytes: usize) -> Self {
-        self.config.ring_size = bytes;
+        self.config.ring_size = Some(bytes);
         self
     }
 
@@ -1026,14 +1028,14 @@ fn accept_loop<F: Fabric>(
 /// [`staging_limit`] of its own ring size: a server with a larger ring
 /// offers that client only as much (and requests up to half of it), so
 /// that a client with default settings can use any server.
-fn ring_for(config: &Config, client: &PeerRing) -> (usize, usize) {
+fn ring_for<F: Fabric>(config: &Config, client: &PeerRing) -> (usize, usize) {
     let client_ring = usize::try_from(client.len).unwrap_or(usize::MAX);
-    let ring = config.ring_size.min(staging_limit(client_ring));
+    let ring = config.ring_size::<F>().min(staging_limit(client_ring));
     (ring, config.max_message)
 }
 
 fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> Result<(), Status> {
-    let (ring_len, max_message) = ring_for(&ep.config, &incoming.peer_ring());
+    let (ring_len, max_message) = ring_for::<F>(&ep.config, &incoming.peer_ring());
     let ring = ep.register_ring(ring_len)?;
     let local = LocalSetup {
         ring: &ring,

@@ -5,8 +5,9 @@ use super::*;
 /// Tunables shared by clients and servers.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
-    /// Receive ring per connection, bytes (power of two).
-    pub ring_size: usize,
+    /// Receive ring per connection, bytes (power of two); `None`: the
+    /// fabric's default ([`Fabric::DEFAULT_RING_SIZE`]).
+    pub ring_size: Option<usize>,
     /// Largest message (metadata + payload) accepted, bytes.
     pub max_message: usize,
     /// Payloads above this many bytes travel by rendezvous (see
@@ -58,7 +59,8 @@ pub fn heartbeat_bound(interval: Duration) -> Duration {
     interval * 2 + unacked_limit(interval)
 }
 
-/// The default receive ring per connection, each side: 256 KiB.
+/// The default receive ring per connection on mem:// and tcp://, each
+/// side: 256 KiB (see [`Fabric::DEFAULT_RING_SIZE`]).
 pub const DEFAULT_RING_SIZE: usize = 256 << 10;
 
 /// The default largest message: 64 MiB (metadata and payload).
@@ -75,13 +77,9 @@ pub const DEFAULT_LEND_ABOVE: usize = 32 << 10;
 
 impl Default for Config {
     fn default() -> Config {
-        // Large messages travel by rendezvous, so the ring holds only small
-        // ones: 256 KiB matched 2 MiB for 64 B and 1 KiB calls at 64
-        // outstanding on tcp:// and mem:// (benches/REPORT.md, "Ring
-        // size"), at an eighth of the memory per connection.
-        let ring_size = DEFAULT_RING_SIZE;
         Config {
-            ring_size,
+            // The fabric's: see `Fabric::DEFAULT_RING_SIZE`.
+            ring_size: None,
             max_message: DEFAULT_MAX_MESSAGE,
             lend_above: DEFAULT_LEND_ABOVE,
             max_backlog: 64 << 20,
@@ -94,6 +92,12 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The receive ring per connection on fabric `F`: the one set, or the
+    /// fabric's default.
+    pub(crate) fn ring_size<F: Fabric>(&self) -> usize {
+        self.ring_size.unwrap_or(F::DEFAULT_RING_SIZE)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Status> {
         if let Some(every) = self.heartbeat {
             if every < MIN_HEARTBEAT {
@@ -102,8 +106,10 @@ impl Config {
                 )));
             }
         }
-        crate::protocol::ring::check_capacity(self.ring_size)
-            .map_err(|e| Status::invalid_argument(format!("ring size: {e}")))?;
+        if let Some(bytes) = self.ring_size {
+            crate::protocol::ring::check_capacity(bytes)
+                .map_err(|e| Status::invalid_argument(format!("ring size: {e}")))?;
+        }
         if self.max_message > MAX_MESSAGE_LIMIT {
             return Err(Status::invalid_argument(format!(
                 "max message size {} exceeds the limit of {MAX_MESSAGE_LIMIT} bytes",

@@ -320,6 +320,10 @@ pub trait Fabric: Send + Sync + Sized + Clone + 'static {
     /// A connection attempt accepted by a listener, not yet set up.
     type Incoming: Incoming;
 
+    /// The receive ring per connection when none is configured (bytes, a
+    /// power of two).
+    const DEFAULT_RING_SIZE: usize = crate::dispatch::DEFAULT_RING_SIZE;
+
     /// Registers `len` bytes; `remote_write` makes them writable by peers.
     fn register(&self, len: usize, remote_write: bool) -> Result<Self::Region, FabricError>;
     /// A buffer of `len` bytes for a large message, from the registration

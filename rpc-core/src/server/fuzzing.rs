@@ -102,7 +102,7 @@ impl FakePeer {
             .enter();
         let fabric = SoftFabric::with_rnr_timeout(Duration::ZERO);
         let ring = fabric.register(CLIENT_RING, true)?;
-        let staging = fabric.register(ep.config.ring_size, false)?;
+        let staging = fabric.register(ep.config.ring_size::<SoftFabric>(), false)?;
         let cq = fabric.create_cq()?;
         Ok(FakePeer {
             ep,
@@ -128,7 +128,7 @@ impl FakePeer {
             rkey: self.ring.rkey(),
             max_message: client_max,
         };
-        let (ring_len, max_message) = ring_for(&self.ep.config, &client_ring);
+        let (ring_len, max_message) = ring_for::<SoftFabric>(&self.ep.config, &client_ring);
         let ring = self.ep.register_ring(ring_len)?;
         let setup = |ring, max_message| LocalSetup {
             ring,
