@@ -116,7 +116,7 @@ pub mod testing {
 pub use auth::{Peer, SharedSecret, SharedSecrets};
 pub use blocking::{Blocking, blocking};
 pub use client::ChannelBuilder;
-pub use client::{Channel, UnaryCall};
+pub use client::{Backoff, Balance, Channel, UnaryCall};
 pub use dispatch::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 /// The `Stream` trait (of `futures-core`, the same as `futures::Stream`):
 /// what streaming handlers return and streaming calls take.

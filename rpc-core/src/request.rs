@@ -16,6 +16,7 @@ pub struct Request<T> {
     metadata: Metadata,
     timeout: Option<Duration>,
     fail_fast: bool,
+    wait_for_ready: Option<bool>,
     deadline: Option<Instant>,
     /// On the server: tells the handler its call was cancelled.
     signal: Option<Arc<Signal>>,
@@ -31,6 +32,7 @@ impl<T> Request<T> {
             metadata: Metadata::new(),
             timeout: None,
             fail_fast: false,
+            wait_for_ready: None,
             deadline: None,
             signal: None,
             peer: None,
@@ -84,6 +86,20 @@ impl<T> Request<T> {
     /// Whether this call fails rather than waits on a full ring.
     pub fn fail_fast(&self) -> bool {
         self.fail_fast
+    }
+
+    /// When `true`, a unary call made while its channel has no connection
+    /// up waits for one (until its deadline) instead of failing at once
+    /// with `Unavailable`: gRPC's wait-for-ready. Unset, the channel's
+    /// [`ChannelBuilder::wait_for_ready`](crate::ChannelBuilder::wait_for_ready)
+    /// decides.
+    pub fn set_wait_for_ready(&mut self, wait: bool) {
+        self.wait_for_ready = Some(wait);
+    }
+
+    /// Whether this call waits for a connection, if set.
+    pub fn wait_for_ready(&self) -> Option<bool> {
+        self.wait_for_ready
     }
 
     /// The instant by which the caller stops waiting: on the server, from
@@ -161,6 +177,7 @@ impl<T> Request<T> {
             metadata: self.metadata,
             timeout: self.timeout,
             fail_fast: self.fail_fast,
+            wait_for_ready: self.wait_for_ready,
             deadline: self.deadline,
             signal: self.signal,
             peer: self.peer,
@@ -186,6 +203,7 @@ impl<T> Request<T> {
             metadata,
             timeout: None,
             fail_fast: false,
+            wait_for_ready: None,
             deadline,
             signal,
             peer,

@@ -1,5 +1,9 @@
 //! The client side: [`Channel`] and [`UnaryCall`].
 
+mod reconnect;
+
+pub use reconnect::Backoff;
+
 use crate::auth::Credential;
 use crate::descriptor::MethodDescriptor;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
@@ -13,45 +17,124 @@ use crate::streaming::{
     Streaming, send_control,
 };
 use crate::{Code, Metadata, Request, Response, Status};
+use arc_swap::ArcSwapOption;
 use futures_core::Stream;
+use reconnect::Ready;
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-/// A connection to one server, shared by every clone.
+/// A client's way to one service: one connection, or one to each of
+/// several endpoints, shared by every clone.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), rpc_core::Status> {
 /// let channel = rpc_core::Channel::builder("tcp://127.0.0.1:7471")
 ///     .timeout(std::time::Duration::from_secs(1))
 ///     .connect()?;
+/// // Two servers, calls spread over them; a server that fails is left out
+/// // until a reconnection to it succeeds.
+/// let balanced = rpc_core::Channel::balance(["tcp://10.0.0.1:7471", "tcp://10.0.0.2:7471"])
+///     .connect_lazy()?;
 /// # Ok(()) }
 /// ```
 ///
-/// A channel is one connection, not a thread: every channel of the process
-/// is served by the dispatcher threads of one client runtime per fabric
-/// (one per CPU), each owning a completion queue and its share of the
+/// A channel's connection is not a thread: every channel of the process is
+/// served by the dispatcher threads of one client runtime per fabric (one
+/// per CPU), each owning a completion queue and its share of the
 /// connections. Calls from any number of threads or tasks share the
 /// connection; each is one frame in the server's receive ring and one back.
 /// When the ring is full, calls queue (or fail with `ResourceExhausted` if
-/// they ask to fail fast). When the connection fails, pending and later
-/// calls fail with `Unavailable`; connect again to recover.
+/// they ask to fail fast).
+///
+/// **When a connection fails**, its pending calls fail with `Unavailable`
+/// and the channel reconnects by itself, with exponential backoff and
+/// jitter ([`Backoff`]: from 50 ms up to 1 s between attempts by default),
+/// on one process-wide thread that starts each attempt on a short-lived
+/// thread of its own. Meanwhile new calls fail at once with `Unavailable`
+/// (naming the last failure), or, when the call or channel asks for it
+/// ([`Request::set_wait_for_ready`], [`ChannelBuilder::wait_for_ready`]: gRPC's
+/// wait-for-ready), a unary call waits for a connection until its
+/// deadline. With several endpoints, calls go to those connected (round
+/// robin, or to the one with the fewest calls outstanding, see
+/// [`Balance`]) while the others reconnect.
 #[derive(Clone)]
 pub struct Channel {
     inner: Arc<Handle>,
 }
 
-/// Dropping the last clone closes the connection.
+/// What every clone of a channel shares.
 struct Handle {
-    client: ClientInner,
+    /// One per endpoint.
+    targets: Vec<Target>,
+    settings: Arc<Settings>,
+    /// The endpoints as given, comma-separated.
     url: String,
     default_timeout: Option<Duration>,
+    wait_for_ready: bool,
+    balance: Balance,
+    /// Round-robin position.
+    next: AtomicUsize,
+    /// Callers waiting for a connection.
+    ready: Ready,
+}
+
+/// How connecting is done, for the first connection and every reconnection.
+struct Settings {
+    config: Config,
+    credential: Option<Arc<dyn Credential>>,
+    tls: Option<crate::fabric::ClientTls>,
+    /// `None`: a failed connection stays failed.
+    backoff: Option<Backoff>,
+}
+
+/// One endpoint of a channel.
+struct Target {
+    url: FabricUrl,
+    /// Where to connect instead when `url` cannot be (see
+    /// [`ChannelBuilder::fallback`]).
+    fallback: Option<FabricUrl>,
+    /// The live connection, if any: read without a lock by every call.
+    current: ArcSwapOption<Connection>,
+    state: Mutex<TargetState>,
+}
+
+#[derive(Default)]
+struct TargetState {
+    /// Failed attempts in a row.
+    failures: u32,
+    /// An attempt is scheduled or under way.
+    reconnecting: bool,
+    /// Why the last connection or attempt failed.
+    last_error: Option<Status>,
+}
+
+/// How a channel over several endpoints picks one for each call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Balance {
+    /// Each connected endpoint in turn (the default).
+    #[default]
+    RoundRobin,
+    /// The connected endpoint with the fewest calls and streams
+    /// outstanding on this channel (ties in turn).
+    LeastOutstanding,
+}
+
+/// One connection of a channel, shared by the calls made on it.
+struct Connection {
+    /// Where it connected.
+    url: FabricUrl,
+    client: ClientInner,
     /// How long a caller polls for its response before it sleeps, at least.
     spin: Duration,
+    /// Calls and streams of this channel outstanding on it.
+    outstanding: AtomicUsize,
 }
 
 enum ClientInner {
@@ -79,6 +162,7 @@ struct Client<F: Fabric> {
 
 impl<F: Fabric> Drop for Client<F> {
     fn drop(&mut self) {
+        self.ep.role.unwatch(&self.conn);
         self.ep.close(&self.conn, "channel dropped");
     }
 }
@@ -168,21 +252,29 @@ impl fmt::Debug for Channel {
 /// Configures and opens a [`Channel`].
 #[derive(Clone)]
 pub struct ChannelBuilder {
-    url: String,
+    urls: Vec<String>,
     config: Config,
     timeout: Option<Duration>,
     credential: Option<Arc<dyn Credential>>,
     tls: Option<crate::fabric::ClientTls>,
+    backoff: Option<Backoff>,
+    wait_for_ready: bool,
+    balance: Balance,
+    fallback: Option<String>,
 }
 
 impl fmt::Debug for ChannelBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChannelBuilder")
-            .field("url", &self.url)
+            .field("urls", &self.urls)
             .field("config", &self.config)
             .field("timeout", &self.timeout)
             .field("credential", &self.credential.is_some())
             .field("tls", &self.tls.is_some())
+            .field("backoff", &self.backoff)
+            .field("wait_for_ready", &self.wait_for_ready)
+            .field("balance", &self.balance)
+            .field("fallback", &self.fallback)
             .finish()
     }
 }
@@ -218,6 +310,48 @@ impl ChannelBuilder {
     /// How long connecting may take (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// How to space reconnection attempts after a connection fails
+    /// (default: [`Backoff::default`], 50 ms growing to 1 s).
+    pub fn reconnect_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// Whether the channel reconnects by itself after its connection fails
+    /// (default `true`). With `false`, a failed connection stays failed and
+    /// every later call fails with `Unavailable`: open a new channel.
+    pub fn reconnect(mut self, reconnect: bool) -> Self {
+        self.backoff = reconnect.then(|| self.backoff.unwrap_or_default());
+        self
+    }
+
+    /// Whether unary calls made while no connection is up wait for one,
+    /// until their deadline (gRPC's wait-for-ready), instead of failing at
+    /// once with `Unavailable` (default `false`; a call may choose with
+    /// [`Request::set_wait_for_ready`]). Streams always fail at once.
+    pub fn wait_for_ready(mut self, wait: bool) -> Self {
+        self.wait_for_ready = wait;
+        self
+    }
+
+    /// Where to connect when the channel's URL cannot be connected: for
+    /// example `tcp://host:port` for an `rdma://` URL, for hosts without an
+    /// RDMA device or servers without RDMA. Each connection attempt tries
+    /// the URL first, then the fallback, logging a warning with why the URL
+    /// failed; a reconnection tries the URL again, so a channel moves back
+    /// to RDMA once it works. For a channel of one endpoint (connecting
+    /// fails with `InvalidArgument` otherwise).
+    pub fn fallback(mut self, url: &str) -> Self {
+        self.fallback = Some(url.to_owned());
+        self
+    }
+
+    /// How calls are spread over several endpoints (default round robin).
+    pub fn balance(mut self, balance: Balance) -> Self {
+        self.balance = balance;
         self
     }
 
@@ -266,37 +400,294 @@ impl ChannelBuilder {
         self
     }
 
-    /// Connects.
+    /// Connects: to the endpoint, or to each of several, at once on this
+    /// thread. Fails if no endpoint can be reached (with the first
+    /// endpoint's error); endpoints that fail while others connect are
+    /// retried in the background.
     pub fn connect(self) -> Result<Channel, Status> {
+        let channel = self.build()?;
+        let mut first_error = None;
+        let mut any = false;
+        for (i, target) in channel.inner.targets.iter().enumerate() {
+            match target.open(&channel.inner.settings) {
+                Ok(conn) => {
+                    channel.inner.install(i, conn);
+                    any = true;
+                }
+                Err(status) => {
+                    channel.inner.failed(i, status.clone());
+                    first_error.get_or_insert(status);
+                }
+            }
+        }
+        match first_error {
+            Some(status) if !any => Err(status),
+            _ => Ok(channel),
+        }
+    }
+
+    /// A channel that connects in the background: it returns at once, and
+    /// calls made before a connection is up fail with `Unavailable` or
+    /// wait for it ([`ChannelBuilder::wait_for_ready`]). Fails only on a
+    /// malformed URL or setting.
+    pub fn connect_lazy(self) -> Result<Channel, Status> {
+        let mut builder = self;
+        if builder.backoff.is_none() {
+            // A lazy channel that never retried would never connect at all.
+            builder.backoff = Some(Backoff::default());
+        }
+        let channel = builder.build()?;
+        for i in 0..channel.inner.targets.len() {
+            channel.inner.schedule(i, Instant::now());
+        }
+        Ok(channel)
+    }
+
+    fn build(self) -> Result<Channel, Status> {
         self.config.validate()?;
-        let url = FabricUrl::parse(&self.url)?;
-        let client = match url.scheme {
-            Scheme::Mem | Scheme::Tcp => ClientInner::Soft(Client::connect(
-                soft_runtime()?,
-                &url,
-                &self.config,
-                self.credential,
-                self.tls,
-            )?),
-            #[cfg(feature = "verbs")]
-            Scheme::Rdma => ClientInner::Verbs(Client::connect(
-                &*verbs_runtime(&url)?,
-                &url,
-                &self.config,
-                self.credential,
-                self.tls,
-            )?),
-            #[cfg(not(feature = "verbs"))]
-            Scheme::Rdma => match crate::fabric::open_verbs(&url)? {},
-        };
+        if self.urls.is_empty() {
+            return Err(Status::invalid_argument("a channel needs at least one URL"));
+        }
+        if self.fallback.is_some() && self.urls.len() > 1 {
+            return Err(Status::invalid_argument(
+                "a fallback URL is for a channel of one endpoint",
+            ));
+        }
+        let fallback = self.fallback.as_deref().map(FabricUrl::parse).transpose()?;
+        let targets = self
+            .urls
+            .iter()
+            .map(|u| {
+                Ok(Target {
+                    url: FabricUrl::parse(u)?,
+                    fallback: fallback.clone(),
+                    current: ArcSwapOption::empty(),
+                    state: Mutex::new(TargetState::default()),
+                })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        let url = targets
+            .iter()
+            .map(|t| t.url.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         Ok(Channel {
             inner: Arc::new(Handle {
-                client,
-                url: url.to_string(),
+                targets,
+                settings: Arc::new(Settings {
+                    config: self.config,
+                    credential: self.credential,
+                    tls: self.tls,
+                    backoff: self.backoff,
+                }),
+                url,
                 default_timeout: self.timeout,
-                spin: self.config.spin,
+                wait_for_ready: self.wait_for_ready,
+                balance: self.balance,
+                next: AtomicUsize::new(0),
+                ready: Ready::default(),
             }),
         })
+    }
+}
+
+impl Handle {
+    /// A live connection for the next call, as [`Balance`] says; marks the
+    /// dead ones it meets for reconnection.
+    fn pick(self: &Arc<Self>) -> Result<Arc<Connection>, Status> {
+        let n = self.targets.len();
+        if n == 1 {
+            return match self.targets[0].current.load_full() {
+                Some(c) if c.is_alive() => Ok(c),
+                dead => {
+                    if let Some(c) = dead {
+                        self.lost(0, &c);
+                    }
+                    Err(self.unavailable())
+                }
+            };
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut best: Option<Arc<Connection>> = None;
+        for k in 0..n {
+            let i = (start + k) % n;
+            let Some(c) = self.targets[i].current.load_full() else {
+                continue;
+            };
+            if !c.is_alive() {
+                self.lost(i, &c);
+                continue;
+            }
+            match self.balance {
+                Balance::RoundRobin => return Ok(c),
+                Balance::LeastOutstanding => {
+                    let fewer = best.as_ref().is_none_or(|b| {
+                        c.outstanding.load(Ordering::Relaxed)
+                            < b.outstanding.load(Ordering::Relaxed)
+                    });
+                    if fewer {
+                        best = Some(c);
+                    }
+                }
+            }
+        }
+        best.ok_or_else(|| self.unavailable())
+    }
+
+    /// The status of a call made with no connection up.
+    fn unavailable(&self) -> Status {
+        let why = self
+            .targets
+            .iter()
+            .find_map(|t| t.lock().last_error.as_ref().map(|s| s.message().to_owned()))
+            .unwrap_or_else(|| "not connected yet".to_owned());
+        let retry = if self.settings.backoff.is_some() {
+            "; reconnecting"
+        } else {
+            "; reconnection is off: open a new channel"
+        };
+        Status::unavailable(format!("no connection to {}: {why}{retry}", self.url))
+    }
+
+    /// Whether callers may wait for a connection: one may come.
+    fn may_reconnect(&self) -> bool {
+        self.settings.backoff.is_some()
+    }
+
+    /// Connection `dead` of target `i` failed: takes it out and schedules
+    /// a reconnection (once).
+    fn lost(self: &Arc<Self>, i: usize, dead: &Arc<Connection>) {
+        let target = &self.targets[i];
+        let current = target.current.load();
+        if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, dead)) {
+            return; // already replaced
+        }
+        target.current.store(None);
+        let why = dead.death();
+        tracing::info!(url = %target.url, %why, "connection lost; reconnecting");
+        self.failed(i, Status::unavailable(format!("connection lost: {why}")));
+    }
+
+    /// Target `i` has no connection because of `status`: schedules the
+    /// next attempt after the backoff.
+    fn failed(self: &Arc<Self>, i: usize, status: Status) {
+        let Some(backoff) = self.settings.backoff else {
+            self.targets[i].lock().last_error = Some(status);
+            return;
+        };
+        let delay = {
+            let mut st = self.targets[i].lock();
+            st.last_error = Some(status);
+            if st.reconnecting {
+                return;
+            }
+            st.failures = st.failures.saturating_add(1);
+            backoff.delay(st.failures)
+        };
+        self.schedule(i, Instant::now() + delay);
+    }
+
+    /// Attempts to connect target `i` at `at`, unless an attempt is due.
+    fn schedule(self: &Arc<Self>, i: usize, at: Instant) {
+        {
+            let mut st = self.targets[i].lock();
+            if st.reconnecting {
+                return;
+            }
+            st.reconnecting = true;
+        }
+        let weak = Arc::downgrade(self);
+        reconnect::schedule(at, move || Handle::attempt(weak, i));
+    }
+
+    /// One attempt to connect target `i`, on a thread of its own. The
+    /// channel is not kept alive meanwhile: if every handle to it goes
+    /// away, the new connection is closed.
+    fn attempt(weak: Weak<Handle>, i: usize) {
+        let (url, fallback, settings) = match weak.upgrade() {
+            Some(h) => {
+                let t = &h.targets[i];
+                (t.url.clone(), t.fallback.clone(), h.settings.clone())
+            }
+            None => return,
+        };
+        let outcome = Target::connect(&url, fallback.as_ref(), &settings);
+        let Some(handle) = weak.upgrade() else {
+            return;
+        };
+        handle.targets[i].lock().reconnecting = false;
+        match outcome {
+            Ok(conn) => {
+                tracing::info!(%url, "reconnected");
+                handle.install(i, conn);
+            }
+            Err(status) => {
+                tracing::debug!(%url, %status, "reconnection attempt failed");
+                handle.failed(i, status);
+            }
+        }
+    }
+
+    /// Makes `conn` target `i`'s connection and wakes whoever waits.
+    fn install(self: &Arc<Self>, i: usize, conn: Connection) {
+        let conn = Arc::new(conn);
+        {
+            let mut st = self.targets[i].lock();
+            st.failures = 0;
+            st.last_error = None;
+        }
+        // Learn of its failure as it happens, not only at the next call,
+        // so that reconnection starts at once.
+        let weak = Arc::downgrade(self);
+        let dead = Arc::downgrade(&conn);
+        conn.watch(Box::new(move || {
+            if let (Some(h), Some(c)) = (weak.upgrade(), dead.upgrade()) {
+                h.lost(i, &c);
+            }
+        }));
+        self.targets[i].current.store(Some(conn));
+        self.ready.notify();
+    }
+}
+
+impl Target {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TargetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connects this endpoint (or its fallback).
+    fn open(&self, settings: &Settings) -> Result<Connection, Status> {
+        Target::connect(&self.url, self.fallback.as_ref(), settings)
+    }
+
+    /// Connects to `url`, or if that fails, to `fallback`; the error is
+    /// `url`'s when both fail.
+    fn connect(
+        url: &FabricUrl,
+        fallback: Option<&FabricUrl>,
+        settings: &Settings,
+    ) -> Result<Connection, Status> {
+        let status = match Connection::open(url, settings) {
+            Ok(conn) => return Ok(conn),
+            Err(status) => status,
+        };
+        let Some(fallback) = fallback else {
+            return Err(status);
+        };
+        match Connection::open(fallback, settings) {
+            Ok(conn) => {
+                tracing::warn!(%url, %fallback, %status, "cannot connect; using the fallback");
+                Ok(conn)
+            }
+            Err(second) => Err(Status::new(
+                status.code(),
+                format!(
+                    "{}; fallback {fallback}: {}",
+                    status.message(),
+                    second.message()
+                ),
+            )),
+        }
     }
 }
 
@@ -308,39 +699,100 @@ impl Channel {
 
     /// A builder for a channel to `url`.
     pub fn builder(url: &str) -> ChannelBuilder {
+        Channel::balance([url])
+    }
+
+    /// A builder for a channel over several endpoints (all serving the same
+    /// services): each call goes to one that is connected, as
+    /// [`ChannelBuilder::balance`] says; one that fails is left out while it
+    /// reconnects.
+    pub fn balance<I, S>(urls: I) -> ChannelBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         ChannelBuilder {
-            url: url.to_owned(),
+            urls: urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
             config: Config::default(),
             timeout: None,
             credential: None,
             tls: None,
+            backoff: Some(Backoff::default()),
+            wait_for_ready: false,
+            balance: Balance::default(),
+            fallback: None,
         }
     }
 
-    /// The URL this channel connected to.
+    /// The URL this channel connects to (several, comma-separated).
     pub fn url(&self) -> &str {
         &self.inner.url
     }
 
-    /// Whether the connection is still up.
+    /// Whether a connection is up (to at least one endpoint).
     pub fn is_connected(&self) -> bool {
-        with_client!(&self.inner.client, c => c.conn.is_alive())
+        self.inner
+            .targets
+            .iter()
+            .any(|t| t.current.load().as_ref().is_some_and(|c| c.is_alive()))
+    }
+
+    /// The URLs of the connections up now (the fallback's, if the channel
+    /// fell back to it).
+    pub fn connected_urls(&self) -> Vec<String> {
+        self.inner
+            .targets
+            .iter()
+            .filter_map(|t| t.current.load_full())
+            .filter(|c| c.is_alive())
+            .map(|c| c.url.to_string())
+            .collect()
+    }
+
+    /// Waits until a connection is up, or `timeout` passes; true if one is.
+    pub fn wait_connected(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let generation = self.inner.ready.generation();
+            if self.is_connected() {
+                return true;
+            }
+            if Instant::now() >= deadline || !self.inner.may_reconnect() {
+                return false;
+            }
+            self.inner.ready.wait(generation, Some(deadline));
+        }
     }
 
     /// The completion queue and queue pair number under this channel, if
     /// it is `rdma://` (tests inject device events through them).
     #[cfg(all(test, feature = "verbs"))]
-    pub(crate) fn verbs_queue(&self) -> Option<(&crate::fabric::verbs::VerbsCq, u32)> {
-        match &self.inner.client {
-            ClientInner::Verbs(c) => Some((&c.ep.cq, c.conn.qp_num)),
+    pub(crate) fn verbs_queue(&self) -> Option<(crate::fabric::verbs::VerbsCq, u32)> {
+        let conn = self.inner.targets[0].current.load_full()?;
+        match &conn.client {
+            ClientInner::Verbs(c) => Some((c.ep.cq.clone(), c.conn.qp_num)),
             ClientInner::Soft(_) => None,
         }
     }
 
     /// Responses dropped because they arrived after their call ended (timed
-    /// out or cancelled), or named no call of this channel.
+    /// out or cancelled), or named no call of this channel: on the
+    /// connections up now.
     pub fn stale_responses(&self) -> u64 {
-        with_client!(&self.inner.client, c => c.conn.stale_responses())
+        self.inner
+            .targets
+            .iter()
+            .filter_map(|t| t.current.load_full())
+            .map(|c| with_client!(&c.client, x => x.conn.stale_responses()))
+            .sum()
+    }
+
+    /// Whether `request` waits for a connection when none is up.
+    fn waits_for_ready<T>(&self, request: &Request<T>) -> bool {
+        request
+            .wait_for_ready()
+            .unwrap_or(self.inner.wait_for_ready)
+            && self.inner.may_reconnect()
     }
 
     /// Starts a unary call; generated clients call this.
@@ -357,17 +809,33 @@ impl Channel {
         let timeout = request.budget(self.inner.default_timeout);
         let span = tracing::trace_span!("call", method = method.path);
         let _guard = span.enter();
-        let started = with_client!(&self.inner.client, c => c.start(method.id, &request, timeout));
+        let conn = match self.inner.pick() {
+            Ok(conn) => conn,
+            Err(status) => {
+                if !self.waits_for_ready(&request) {
+                    return UnaryCall::failed(status);
+                }
+                return UnaryCall::waiting(Pending {
+                    handle: self.inner.clone(),
+                    method_id: method.id,
+                    metadata: request.metadata().clone(),
+                    payload: request.get_ref().encode_to_vec(),
+                    fail_fast: request.fail_fast(),
+                    deadline: timeout.map(|t| Instant::now() + t),
+                });
+            }
+        };
+        let message = request.get_ref();
+        let started = conn.start(
+            method.id,
+            request.metadata(),
+            request.fail_fast(),
+            timeout,
+            message.encoded_len(),
+            &mut |buf| crate::dispatch::encode_exact(message, buf),
+        );
         match started {
-            Ok((id, slot)) => UnaryCall {
-                slot: Some(slot),
-                id,
-                canceller: Some(self.clone()),
-                started: None,
-                misses: 0,
-                corked: true,
-                _t: PhantomData,
-            },
+            Ok((id, slot)) => UnaryCall::started(conn, id, slot),
             Err(status) => UnaryCall::failed(status),
         }
     }
@@ -390,7 +858,7 @@ impl Channel {
             Some(request.get_ref()),
             false,
         );
-        self.incoming(opened, |_| None)
+        Self::incoming(opened, |_| None)
     }
 
     /// Starts a bidirectional call whose requests come from a stream;
@@ -468,7 +936,7 @@ impl Channel {
         let metadata = request.metadata().clone();
         let stream = request.into_inner();
         let opened = self.open_stream::<()>(method, &metadata, timeout, None, final_message);
-        self.incoming(opened, move |outbox| {
+        Self::incoming(opened, move |outbox| {
             Some(Box::new(RequestPump::new(stream, outbox)) as Box<dyn Pump>)
         })
     }
@@ -484,7 +952,7 @@ impl Channel {
         let opened =
             self.open_stream::<()>(method, request.metadata(), timeout, None, final_message);
         let mut sender = None;
-        let stream = self.incoming(opened, |outbox| {
+        let stream = Self::incoming(opened, |outbox| {
             sender = Some(RequestSender::new(outbox));
             None
         });
@@ -499,42 +967,115 @@ impl Channel {
         timeout: Option<Duration>,
         first: Option<&Req>,
         final_message: bool,
-    ) -> Result<(CallId, Arc<StreamCore>), Status> {
+    ) -> Result<(CallId, Arc<StreamCore>, Arc<Connection>), Status> {
         let span = tracing::trace_span!("stream", method = method.path);
         let _guard = span.enter();
-        with_client!(&self.inner.client, c => c.start_stream(method, metadata, timeout, first, final_message))
+        let conn = self.inner.pick()?;
+        let (id, core) = with_client!(&conn.client, c => c.start_stream(method, metadata, timeout, first, final_message))?;
+        Ok((id, core, conn))
     }
 
     /// The consumer's end of an opened stream; `pump` makes the request
     /// side from the stream's outbox.
     fn incoming<Resp>(
-        &self,
-        opened: Result<(CallId, Arc<StreamCore>), Status>,
+        opened: Result<(CallId, Arc<StreamCore>, Arc<Connection>), Status>,
         pump: impl FnOnce(Outbox) -> Option<Box<dyn Pump>>,
     ) -> Streaming<Resp> {
-        let (id, core) = match opened {
+        let (id, core, conn) = match opened {
             Ok(opened) => opened,
             Err(status) => return Streaming::failed(status),
         };
-        let link: Arc<dyn Link> = with_client!(&self.inner.client, c => c.conn.clone());
+        let link: Arc<dyn Link> = with_client!(&conn.client, c => c.conn.clone());
         let outbox = Outbox::new(core.clone(), link.clone(), id, 0, None);
         let pump = pump(outbox);
-        let owner: Arc<dyn CallOwner> = Arc::new(self.clone());
+        conn.outstanding.fetch_add(1, Ordering::Relaxed);
+        let owner: Arc<dyn CallOwner> = Arc::new(StreamOwner(conn));
         Streaming::new(core, link, id, Some(owner), pump)
+    }
+}
+
+impl Connection {
+    /// Connects to `url` as `settings` say, on the fabric its scheme names.
+    fn open(url: &FabricUrl, settings: &Settings) -> Result<Connection, Status> {
+        let (config, credential, tls) = (
+            &settings.config,
+            settings.credential.clone(),
+            settings.tls.clone(),
+        );
+        let client = match url.scheme {
+            Scheme::Mem | Scheme::Tcp => ClientInner::Soft(Client::connect(
+                soft_runtime()?,
+                url,
+                config,
+                credential,
+                tls,
+            )?),
+            #[cfg(feature = "verbs")]
+            Scheme::Rdma => ClientInner::Verbs(Client::connect(
+                &*verbs_runtime(url)?,
+                url,
+                config,
+                credential,
+                tls,
+            )?),
+            #[cfg(not(feature = "verbs"))]
+            Scheme::Rdma => match crate::fabric::open_verbs(url)? {},
+        };
+        Ok(Connection {
+            url: url.clone(),
+            client,
+            spin: config.spin,
+            outstanding: AtomicUsize::new(0),
+        })
+    }
+
+    fn is_alive(&self) -> bool {
+        with_client!(&self.client, c => c.conn.is_alive())
+    }
+
+    /// Why the connection failed.
+    fn death(&self) -> String {
+        with_client!(&self.client, c => c.conn.death()).unwrap_or_else(|| "closed".to_owned())
+    }
+
+    /// Calls `on_lost` once the connection fails (on a dispatcher thread:
+    /// it must not block), or at once if it has failed already.
+    fn watch(&self, on_lost: Box<dyn FnOnce() + Send>) {
+        with_client!(&self.client, c => c.ep.role.watch(&c.conn, on_lost));
+    }
+
+    /// Sends a unary request of `payload_len` bytes that `fill` encodes.
+    fn start(
+        self: &Arc<Self>,
+        method_id: u32,
+        metadata: &Metadata,
+        fail_fast: bool,
+        timeout: Option<Duration>,
+        payload_len: usize,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(CallId, Arc<CallSlot>), Status> {
+        let started = with_client!(&self.client, c => c.start(method_id, metadata, fail_fast, timeout, payload_len, fill))?;
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        Ok(started)
+    }
+
+    /// A call on this connection ended (see `outstanding`).
+    fn ended(&self) {
+        self.outstanding.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn cancel(&self, id: CallId) {
-        with_client!(&self.inner.client, c => c.cancel(id))
+        with_client!(&self.client, c => c.cancel(id))
     }
 
-    /// Sends the requests staged on this channel's connection.
+    /// Sends the requests staged on this connection.
     fn uncork(&self) {
-        with_client!(&self.inner.client, c => c.conn.uncork())
+        with_client!(&self.client, c => c.conn.uncork())
     }
 
-    /// Whether requests are staged on this channel's connection.
+    /// Whether requests are staged on this connection.
     fn is_corked(&self) -> bool {
-        with_client!(&self.inner.client, c => c.conn.is_corked())
+        with_client!(&self.client, c => c.conn.is_corked())
     }
 
     /// Decodes a finished call's outcome and takes back what the call used:
@@ -544,9 +1085,10 @@ impl Channel {
         slot: Arc<CallSlot>,
         outcome: Result<RawReply, Status>,
     ) -> Result<Response<T>, Status> {
+        self.ended();
         let mut buf = Default::default();
         let reply = decode_reply(outcome, |b| buf = b);
-        with_client!(&self.inner.client, c => {
+        with_client!(&self.client, c => {
             c.conn.recycle(buf);
             c.ep.role.release_slot(slot);
         });
@@ -555,31 +1097,54 @@ impl Channel {
 
     /// Handles completions on this thread while `slot` waits, for a while.
     fn poll_for(&self, slot: &CallSlot) {
-        let spin = self.inner.spin;
-        with_client!(&self.inner.client, c => {
+        let spin = self.spin;
+        with_client!(&self.client, c => {
             c.ep.poll_until(spin, || slot.is_done(), || !c.ep.role.calls().is_empty());
         })
     }
 
     /// Turns the queue once on this thread if nobody else is; true if it did.
     fn try_progress(&self) -> bool {
-        with_client!(&self.inner.client, c => c.ep.try_progress())
+        with_client!(&self.client, c => c.ep.try_progress())
     }
 
     /// How long a caller keeps polling for a response before it sleeps.
     fn spin_budget(&self) -> Duration {
-        let spin = self.inner.spin;
-        with_client!(&self.inner.client, c => c.ep.call_waits.budget(spin))
+        let spin = self.spin;
+        with_client!(&self.client, c => c.ep.call_waits.budget(spin))
     }
 
     /// Notes how long a call waited for its response.
     fn note_wait(&self, wait: Duration) {
-        with_client!(&self.inner.client, c => c.ep.call_waits.record(wait))
+        with_client!(&self.client, c => c.ep.call_waits.record(wait))
     }
 
     /// Makes sure someone handles completions while a call waits.
     fn ensure_polled(&self) {
-        with_client!(&self.inner.client, c => c.ep.ensure_polled())
+        with_client!(&self.client, c => c.ep.ensure_polled())
+    }
+}
+
+/// A client stream's hold on its connection.
+struct StreamOwner(Arc<Connection>);
+
+impl Drop for StreamOwner {
+    fn drop(&mut self) {
+        self.0.ended();
+    }
+}
+
+impl CallOwner for StreamOwner {
+    fn release(&self, call_id: CallId) {
+        self.0.cancel(call_id);
+    }
+
+    fn progress(&self) -> bool {
+        self.0.try_progress()
+    }
+
+    fn ensure_polled(&self) {
+        self.0.ensure_polled();
     }
 }
 
@@ -645,30 +1210,29 @@ impl<F: Fabric> Client<F> {
         id
     }
 
-    fn start<Req: prost::Message>(
+    /// Sends a unary request of `payload_len` bytes that `fill` encodes.
+    fn start(
         &self,
         method_id: u32,
-        request: &Request<Req>,
+        metadata: &Metadata,
+        fail_fast: bool,
         timeout: Option<Duration>,
+        payload_len: usize,
+        fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(CallId, Arc<CallSlot>), Status> {
         self.ensure_alive()?;
         let slot = self.ep.role.take_slot();
         let id = self.register(Waiter::Unary(slot.clone()), timeout);
-        let message = request.get_ref();
         let frame = OutFrame {
             kind: FrameKind::Request,
             call_id: id,
             method_id,
             status: 0,
             timeout_us: timeout_us(timeout),
-            metadata: Some(request.metadata()),
-            payload_len: message.encoded_len(),
+            metadata: Some(metadata),
+            payload_len,
         };
-        let sent = self
-            .conn
-            .send_corked(&frame, request.fail_fast(), &mut |buf| {
-                crate::dispatch::encode_exact(message, buf)
-            });
+        let sent = self.conn.send_corked(&frame, fail_fast, fill);
         match sent {
             Ok(true) => self.ep.corked(&self.conn),
             Ok(false) => {}
@@ -757,26 +1321,15 @@ struct Call {
     qp_num: u32,
 }
 
-impl CallOwner for Channel {
-    fn release(&self, call_id: CallId) {
-        self.cancel(call_id);
-    }
-
-    fn progress(&self) -> bool {
-        self.try_progress()
-    }
-
-    fn ensure_polled(&self) {
-        Channel::ensure_polled(self);
-    }
-}
-
 /// The client's side of one dispatcher: completes the calls of every
 /// channel on it.
 struct ClientRole {
     calls: Mutex<CallTable<Call>>,
     /// Slots of finished calls, for reuse.
     slots: SlotPool<Outcome>,
+    /// What to do when a connection fails, by its address (see
+    /// [`ClientRole::watch`]).
+    watchers: Mutex<HashMap<usize, Box<dyn FnOnce() + Send>>>,
 }
 
 impl Default for ClientRole {
@@ -784,11 +1337,37 @@ impl Default for ClientRole {
         ClientRole {
             calls: Mutex::new(CallTable::new()),
             slots: SlotPool::new(),
+            watchers: Mutex::new(HashMap::new()),
         }
     }
 }
 
+/// A connection's key among the watchers.
+fn conn_key<F: Fabric>(conn: &Arc<Conn<F>>) -> usize {
+    Arc::as_ptr(conn) as usize
+}
+
 impl ClientRole {
+    /// Calls `on_lost` when `conn` fails (from the dispatcher, after its
+    /// calls failed), or now if it has already.
+    fn watch<F: Fabric>(&self, conn: &Arc<Conn<F>>, on_lost: Box<dyn FnOnce() + Send>) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        if conn.is_alive() {
+            watchers.insert(conn_key(conn), on_lost);
+            return;
+        }
+        drop(watchers);
+        on_lost();
+    }
+
+    /// Forgets `conn`'s watcher (it is being closed on purpose).
+    fn unwatch<F: Fabric>(&self, conn: &Arc<Conn<F>>) {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&conn_key(conn));
+    }
+
     fn calls(&self) -> std::sync::MutexGuard<'_, CallTable<Call>> {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -897,6 +1476,14 @@ impl<F: Fabric> Role<F> for ClientRole {
                 Waiter::Stream { core, .. } => core.fail(status),
             }
         }
+        let watcher = self
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&conn_key(conn));
+        if let Some(on_lost) = watcher {
+            on_lost();
+        }
     }
 
     fn on_tick(&self, ep: &Endpoint<F, Self>, now: Instant) -> Option<Instant> {
@@ -978,7 +1565,9 @@ type CallSlot = crate::slot::CallSlot<Outcome>;
 pub struct UnaryCall<T> {
     slot: Option<Arc<CallSlot>>,
     id: CallId,
-    canceller: Option<Channel>,
+    canceller: Option<Arc<Connection>>,
+    /// A call waiting for a connection (wait-for-ready), not started yet.
+    pending: Option<Box<Pending>>,
     /// When an `.await` first found the response missing.
     started: Option<Instant>,
     /// Polls that found the response missing (the clock is read on every
@@ -995,6 +1584,48 @@ impl<T> fmt::Debug for UnaryCall<T> {
     }
 }
 
+/// A unary call sent on a connection: the connection, its id and slot.
+type Started = Result<(Arc<Connection>, CallId, Arc<CallSlot>), Status>;
+
+/// A unary call waiting for its channel to connect: its request, encoded.
+struct Pending {
+    handle: Arc<Handle>,
+    method_id: u32,
+    metadata: Metadata,
+    payload: Vec<u8>,
+    fail_fast: bool,
+    deadline: Option<Instant>,
+}
+
+impl Pending {
+    /// Starts the call on a connection if one is up: `None` while there is
+    /// none and the deadline has not passed.
+    fn try_start(&self) -> Option<Started> {
+        let timeout = match self.deadline {
+            Some(at) => match at.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => {
+                    return Some(Err(Status::deadline_exceeded(format!(
+                        "deadline exceeded waiting for a connection ({})",
+                        self.handle.unavailable().message()
+                    ))));
+                }
+            },
+            None => None,
+        };
+        let conn = self.handle.pick().ok()?;
+        let started = conn.start(
+            self.method_id,
+            &self.metadata,
+            self.fail_fast,
+            timeout,
+            self.payload.len(),
+            &mut |buf| buf.copy_from_slice(&self.payload),
+        );
+        Some(started.map(|(id, slot)| (conn, id, slot)))
+    }
+}
+
 impl<T> UnaryCall<T> {
     fn failed(status: Status) -> UnaryCall<T> {
         let slot = CallSlot::new();
@@ -1003,11 +1634,77 @@ impl<T> UnaryCall<T> {
             slot: Some(Arc::new(slot)),
             id: CallId(0),
             canceller: None,
+            pending: None,
             started: None,
             misses: 0,
             corked: false,
             _t: PhantomData,
         }
+    }
+
+    fn started(conn: Arc<Connection>, id: CallId, slot: Arc<CallSlot>) -> UnaryCall<T> {
+        UnaryCall {
+            slot: Some(slot),
+            id,
+            canceller: Some(conn),
+            pending: None,
+            started: None,
+            misses: 0,
+            corked: true,
+            _t: PhantomData,
+        }
+    }
+
+    fn waiting(pending: Pending) -> UnaryCall<T> {
+        UnaryCall {
+            slot: None,
+            id: CallId(0),
+            canceller: None,
+            pending: Some(Box::new(pending)),
+            started: None,
+            misses: 0,
+            corked: true,
+            _t: PhantomData,
+        }
+    }
+
+    /// Moves a waiting call on to `started` (or to its failure).
+    fn begin(&mut self, started: Started) {
+        self.pending = None;
+        *self = match started {
+            Ok((conn, id, slot)) => UnaryCall::started(conn, id, slot),
+            Err(status) => UnaryCall::failed(status),
+        };
+    }
+
+    /// Waits on this thread for a waiting call's connection.
+    fn block_until_started(&mut self) {
+        while let Some(p) = &self.pending {
+            let generation = p.handle.ready.generation();
+            if let Some(started) = p.try_start() {
+                self.begin(started);
+                return;
+            }
+            p.handle.ready.wait(generation, p.deadline);
+        }
+    }
+
+    /// Polls a waiting call's connection: ready once started (or failed).
+    fn poll_started(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(p) = &self.pending else {
+            return Poll::Ready(());
+        };
+        if let Some(started) = p.try_start() {
+            self.begin(started);
+            return Poll::Ready(());
+        }
+        p.handle.ready.register(cx.waker(), p.deadline);
+        // A connection that came up before the waker was in place.
+        if let Some(started) = p.try_start() {
+            self.begin(started);
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -1045,23 +1742,24 @@ impl<T: prost::Message + Default> UnaryCall<T> {
     /// short while (the channel's spin time), so a quick response reaches it
     /// without a hand-off from the dispatcher thread; then it sleeps.
     pub fn wait(mut self) -> Result<Response<T>, Status> {
+        self.block_until_started();
         let slot = self.slot.take().expect("slot present until completion");
-        let Some(channel) = self.canceller.take() else {
+        let Some(conn) = self.canceller.take() else {
             return decode_reply(wait_slot(&slot), drop);
         };
-        channel.uncork();
+        conn.uncork();
         let started = Instant::now();
-        channel.poll_for(&slot);
-        // Sleep without holding the channel: if its last handle goes away
-        // meanwhile, the call fails `Unavailable` instead of waiting forever.
-        let weak = Arc::downgrade(&channel.inner);
-        drop(channel);
+        conn.poll_for(&slot);
+        // Sleep without holding the connection: if the last handle to it
+        // goes away meanwhile, the call fails `Unavailable` instead of
+        // waiting forever.
+        let weak = Arc::downgrade(&conn);
+        drop(conn);
         let outcome = wait_slot(&slot);
         match weak.upgrade() {
-            Some(inner) => {
-                let channel = Channel { inner };
-                channel.note_wait(started.elapsed());
-                channel.finish_call(slot, outcome)
+            Some(conn) => {
+                conn.note_wait(started.elapsed());
+                conn.finish_call(slot, outcome)
             }
             None => decode_reply(outcome, drop),
         }
@@ -1078,6 +1776,9 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
     /// hand-off. After that the channel's dispatcher takes over and wakes
     /// the task.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.pending.is_some() && self.poll_started(cx).is_pending() {
+            return Poll::Pending;
+        }
         let Some(slot) = self.slot.clone() else {
             return Poll::Ready(Err(Status::internal("call polled after completion")));
         };
@@ -1148,8 +1849,9 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
 
 impl<T> Drop for UnaryCall<T> {
     fn drop(&mut self) {
-        if let (Some(_), Some(channel)) = (self.slot.take(), self.canceller.take()) {
-            channel.cancel(self.id);
+        if let (Some(_), Some(conn)) = (self.slot.take(), self.canceller.take()) {
+            conn.cancel(self.id);
+            conn.ended();
         }
     }
 }
