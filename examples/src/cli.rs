@@ -71,8 +71,13 @@ fn identity(cert: Option<String>, key: Option<String>) -> Option<Identity> {
 
 /// The main of a server binary `name`: takes `--listen URL` (and TLS
 /// options), serves `service` and the standard health service (reporting
-/// the service as serving) on it, and serves until killed.
+/// the service as serving) on it, until SIGINT or SIGTERM: then it reports
+/// the service as not serving, stops accepting, lets calls in flight
+/// finish (up to the default grace period) and exits 0.
 pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
+    // Before any thread starts, so that every thread inherits the mask and
+    // only `wait_for_termination` receives them.
+    let signals = block_termination_signals();
     let usage = format!(
         "usage: {name} --listen URL [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
   URL: tcp://host:port, rdma://host:port or mem://name
@@ -126,7 +131,38 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
     };
     health.set_status(service_name, ServingStatus::Serving);
     println!("{name} listening on {}", server.local_url());
+    let signal = wait_for_termination(&signals);
+    eprintln!("{name}: signal {signal}: shutting down");
+    health.set_status(service_name, ServingStatus::NotServing);
+    server.shutdown();
+    eprintln!("{name}: stopped");
+    std::process::exit(0);
+}
+
+/// Blocks SIGINT and SIGTERM on this thread (and the threads it starts
+/// after), and returns the set to wait for them with.
+fn block_termination_signals() -> libc::sigset_t {
+    // SAFETY: `set` is a plain sigset_t initialised by `sigemptyset` before
+    // use; `pthread_sigmask` only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Waits for one of the signals of `set` (blocked beforehand) and returns it.
+fn wait_for_termination(set: &libc::sigset_t) -> i32 {
     loop {
-        std::thread::park();
+        let mut signal = 0;
+        // SAFETY: `set` is a valid, initialised signal set and `signal` a
+        // valid place for the result.
+        let rc = unsafe { libc::sigwait(set, &mut signal) };
+        if rc == 0 {
+            return signal;
+        }
     }
 }

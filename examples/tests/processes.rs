@@ -447,3 +447,18 @@ on_network_fabrics! {
         assert_eq!(got.as_deref(), Some(&b"v"[..]));
     }
 }
+
+on_network_fabrics! {
+    fn kv_server_shuts_down_gracefully_on_sigterm(url: &str) {
+        let mut server = KvServerProc::start(url);
+        let kv = KvClient::new(channel(&server.url));
+        kv.put(PutRequest { key: "k".into(), value: b"v".to_vec() }).wait().unwrap();
+        server.proc.signal("TERM");
+        let status = server.proc.wait();
+        let stderr = server.proc.all_stderr();
+        assert!(status.success(), "kv-server exited {status}; stderr:\n{stderr}");
+        assert!(stderr.contains("shutting down") && stderr.contains("stopped"), "{stderr}");
+        // Its clients see the connection go, and fail fast meanwhile.
+        eventually("the channel notices", || !kv.channel().is_connected());
+    }
+}

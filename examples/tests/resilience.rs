@@ -323,3 +323,43 @@ fn an_rdma_channel_falls_back_to_tcp_where_rdma_cannot_connect() {
         assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     });
 }
+
+on_soft_fabrics! {
+    fn serve_with_shutdown_stops_gracefully_when_its_future_completes(url: &str) {
+        let probe = Probe::new();
+        // A known address: serve_with_shutdown does not hand back the port.
+        let url = if url.starts_with("tcp://") {
+            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("tcp://{}", free.local_addr().unwrap())
+        } else {
+            format!("{url}.graceful")
+        };
+        let (stop, stopped) = futures::channel::oneshot::channel::<()>();
+        let serving = {
+            let (builder, url) = (test_server(&probe), url.clone());
+            std::thread::spawn(move || {
+                futures::executor::block_on(builder.serve_with_shutdown(&url, async {
+                    stopped.await.ok();
+                }))
+            })
+        };
+        let channel = Channel::builder(&url)
+            .wait_for_ready(true)
+            .timeout(LIMIT)
+            .connect_lazy()
+            .unwrap();
+        let echo = EchoClient::new(channel.clone());
+        echo_once(&echo, 1).unwrap();
+        // A call in flight when the signal comes finishes.
+        let slow = echo.echo(echo_request("slow", vec![7], &[("sleep-ms", "300")]));
+        probe.wait_entered("slow");
+        stop.send(()).unwrap();
+        assert_eq!(slow.wait().unwrap().into_inner().payload, vec![7]);
+        serving.join().unwrap().unwrap();
+        // Then the server is gone.
+        eventually("the channel notices", || !channel.is_connected());
+        let mut request = echo_request("late", vec![1], &[]);
+        request.set_wait_for_ready(false);
+        expect_code(echo.echo(request).wait(), Code::Unavailable);
+    }
+}

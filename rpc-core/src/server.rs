@@ -863,6 +863,30 @@ impl ServerBuilder {
         }
     }
 
+    /// Serves on `url` until `signal` completes, then shuts down as
+    /// [`ServerHandle::shutdown`] does (without blocking the executor),
+    /// for async applications, as tonic's `serve_with_shutdown`:
+    ///
+    /// ```no_run
+    /// # async fn f(
+    /// #     builder: rpc_core::ServerBuilder,
+    /// #     ctrl_c: impl std::future::Future<Output = ()>,
+    /// # ) -> Result<(), rpc_core::Status> {
+    /// // `ctrl_c`: any future, e.g. `async { tokio::signal::ctrl_c().await.ok(); }`
+    /// builder.serve_with_shutdown("tcp://0.0.0.0:7471", ctrl_c).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn serve_with_shutdown(
+        self,
+        url: &str,
+        signal: impl Future<Output = ()>,
+    ) -> Result<(), Status> {
+        let server = self.serve(url)?;
+        signal.await;
+        server.shutdown_async().await;
+        Ok(())
+    }
+
     fn routes(&self) -> Result<IdMap<Route>, Status> {
         if self.services.is_empty() {
             return Err(Status::invalid_argument(
@@ -1374,10 +1398,72 @@ impl ServerHandle {
         self.stop(grace);
     }
 
+    /// [`ServerHandle::shutdown`] for async code: the waiting for calls in
+    /// flight happens on a thread of its own, and the returned future
+    /// completes when the server has stopped.
+    pub fn shutdown_async(mut self) -> impl Future<Output = ()> + Send + 'static {
+        let done = Arc::new(Stopped::default());
+        let stopper = self.stopper.take();
+        let signal = done.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rpc-shutdown".into())
+            .spawn(move || {
+                if let Some(mut s) = stopper {
+                    s.stop(DEFAULT_SHUTDOWN_GRACE);
+                }
+                signal.finish();
+            });
+        if let Err(e) = spawned {
+            // Cannot happen but for a process out of threads: the stop has
+            // been dropped with the closure, which did nothing; say so.
+            tracing::error!(error = %e, "cannot spawn a thread to shut the server down");
+            done.finish();
+        }
+        StoppedFuture(done)
+    }
+
     fn stop(&mut self, grace: Duration) {
         if let Some(mut s) = self.stopper.take() {
             s.stop(grace);
         }
+    }
+}
+
+/// Whether an asynchronous shutdown has finished, and who waits for it.
+#[derive(Default)]
+struct Stopped {
+    state: Mutex<(bool, Option<std::task::Waker>)>,
+}
+
+impl Stopped {
+    fn finish(&self) {
+        let waker = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.0 = true;
+            st.1.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// Completes when its [`Stopped`] has finished.
+struct StoppedFuture(Arc<Stopped>);
+
+impl Future for StoppedFuture {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let mut st = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.0 {
+            return std::task::Poll::Ready(());
+        }
+        st.1 = Some(cx.waker().clone());
+        std::task::Poll::Pending
     }
 }
 
