@@ -56,6 +56,7 @@ mod executor;
 pub mod fabric;
 pub mod health;
 mod idmap;
+pub mod interceptor;
 mod metadata;
 mod pages;
 mod payload;

@@ -24,6 +24,13 @@ impl fmt::Display for InvalidMetadataKey {
 
 impl std::error::Error for InvalidMetadataKey {}
 
+impl From<InvalidMetadataKey> for crate::Status {
+    /// `InvalidArgument`, naming the key.
+    fn from(e: InvalidMetadataKey) -> crate::Status {
+        crate::Status::invalid_argument(e.to_string())
+    }
+}
+
 /// Key/value pairs sent with a request or a response.
 ///
 /// ```

@@ -10,6 +10,7 @@ use crate::fabric::{
     Admission, Fabric, FabricUrl, Incoming, Listener, LocalSetup, PeerRing, Scheme,
 };
 use crate::idmap::IdMap;
+use crate::interceptor::{Chain, Interceptor};
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, FrameKind, SendError};
 use crate::streaming::{Link, Outbox, Producer, Signal, StreamCore, StreamEnd, Streaming};
@@ -653,6 +654,7 @@ impl Server {
             blocking_threads: crate::dispatch::available_cores().max(4),
             admission: Admission::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            interceptors: Chain::default(),
             #[cfg(feature = "tokio")]
             tokio: None,
         }
@@ -671,6 +673,7 @@ pub struct ServerBuilder {
     /// How handshakes are admitted; their timeout is `config.connect_timeout`.
     admission: Admission,
     max_connections: usize,
+    interceptors: Chain,
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
 }
@@ -848,6 +851,16 @@ impl ServerBuilder {
         self
     }
 
+    /// Adds an interceptor: it sees every call (unary and streams) before
+    /// its handler runs, with the caller's [`Peer`](crate::auth::Peer), may
+    /// change the metadata the handler sees, and may answer the call with
+    /// a status instead (see [`crate::interceptor`]). Interceptors run in
+    /// the order added, on the dispatcher: they must not block.
+    pub fn interceptor(mut self, interceptor: impl Interceptor) -> Self {
+        self.interceptors.push(interceptor);
+        self
+    }
+
     /// Starts serving on `url` in background threads and returns at once.
     /// `tcp://host:0` picks a free port: see [`ServerHandle::local_url`].
     pub fn serve(self, url: &str) -> Result<ServerHandle, Status> {
@@ -904,6 +917,7 @@ impl ServerBuilder {
                     )));
                 }
                 let route = Route {
+                    path: m.path,
                     service: svc.clone(),
                     blocking: *blocking || self.blocking_methods.iter().any(|p| p == m.path),
                     kind: m.kind,
@@ -940,6 +954,7 @@ impl ServerBuilder {
         let local_url = listener.local_url();
         let shared = Arc::new(ServerShared {
             routes,
+            interceptors: self.interceptors.clone(),
             pool: BlockingPool::new("rpc-blocking", self.blocking_threads),
             draining: AtomicBool::new(false),
             inflight: Arc::new(AtomicUsize::new(0)),
@@ -1091,6 +1106,8 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
 
 /// Where a method's calls go.
 struct Route {
+    /// `/package.Service/Method`.
+    path: &'static str,
     service: Arc<dyn Service>,
     /// On the blocking pool, not the dispatcher.
     blocking: bool,
@@ -1110,6 +1127,7 @@ fn call_service(service: &dyn Service, call: ServerCall) {
 /// What a server's dispatchers share: routes and shutdown state.
 struct ServerShared {
     routes: IdMap<Route>,
+    interceptors: Chain,
     pool: BlockingPool,
     draining: AtomicBool,
     inflight: Arc<AtomicUsize>,
@@ -1177,6 +1195,15 @@ impl<F: Fabric> Role<F> for ServerRole {
         let Some(route) = shared.routes.get(&h.method_id) else {
             return call.unimplemented();
         };
+        if !shared.interceptors.is_empty() {
+            let peer = Some(&*conn.remote);
+            if let Err(status) = shared
+                .interceptors
+                .run(route.path, &mut call.metadata, peer)
+            {
+                return call.reply_err(&status);
+            }
+        }
         // A stream, or a call handed to another thread, is registered now:
         // its next frames may arrive before its handler runs.
         if route.kind != MethodKind::Unary {

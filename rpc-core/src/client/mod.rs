@@ -9,6 +9,7 @@ use crate::descriptor::MethodDescriptor;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
+use crate::interceptor::{Chain, Interceptor};
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, CallTable, FrameKind};
 use crate::slot::SlotPool;
@@ -79,6 +80,7 @@ struct Handle {
     default_timeout: Option<Duration>,
     wait_for_ready: bool,
     balance: Balance,
+    interceptors: Chain,
     /// Round-robin position.
     next: AtomicUsize,
     /// Callers waiting for a connection.
@@ -261,6 +263,7 @@ pub struct ChannelBuilder {
     wait_for_ready: bool,
     balance: Balance,
     fallback: Option<String>,
+    interceptors: Chain,
 }
 
 impl fmt::Debug for ChannelBuilder {
@@ -275,6 +278,7 @@ impl fmt::Debug for ChannelBuilder {
             .field("wait_for_ready", &self.wait_for_ready)
             .field("balance", &self.balance)
             .field("fallback", &self.fallback)
+            .field("interceptors", &self.interceptors)
             .finish()
     }
 }
@@ -346,6 +350,14 @@ impl ChannelBuilder {
     /// fails with `InvalidArgument` otherwise).
     pub fn fallback(mut self, url: &str) -> Self {
         self.fallback = Some(url.to_owned());
+        self
+    }
+
+    /// Adds an interceptor: it sees every call (unary and streams) before
+    /// it is sent, may change its metadata, and may fail it with a status
+    /// (see [`crate::interceptor`]). Interceptors run in the order added.
+    pub fn interceptor(mut self, interceptor: impl Interceptor) -> Self {
+        self.interceptors.push(interceptor);
         self
     }
 
@@ -484,6 +496,7 @@ impl ChannelBuilder {
                 default_timeout: self.timeout,
                 wait_for_ready: self.wait_for_ready,
                 balance: self.balance,
+                interceptors: self.interceptors,
                 next: AtomicUsize::new(0),
                 ready: Ready::default(),
             }),
@@ -721,6 +734,7 @@ impl Channel {
             wait_for_ready: false,
             balance: Balance::default(),
             fallback: None,
+            interceptors: Chain::default(),
         }
     }
 
@@ -787,6 +801,14 @@ impl Channel {
             .sum()
     }
 
+    /// Runs the channel's interceptors on a call's metadata.
+    fn intercept(&self, method: &MethodDescriptor, metadata: &mut Metadata) -> Result<(), Status> {
+        if self.inner.interceptors.is_empty() {
+            return Ok(());
+        }
+        self.inner.interceptors.run(method.path, metadata, None)
+    }
+
     /// Whether `request` waits for a connection when none is up.
     fn waits_for_ready<T>(&self, request: &Request<T>) -> bool {
         request
@@ -806,6 +828,10 @@ impl Channel {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
+        let mut request = request;
+        if let Err(status) = self.intercept(method, request.metadata_mut()) {
+            return UnaryCall::failed(status);
+        }
         let timeout = request.budget(self.inner.default_timeout);
         let span = tracing::trace_span!("call", method = method.path);
         let _guard = span.enter();
@@ -970,6 +996,14 @@ impl Channel {
     ) -> Result<(CallId, Arc<StreamCore>, Arc<Connection>), Status> {
         let span = tracing::trace_span!("stream", method = method.path);
         let _guard = span.enter();
+        let mut intercepted;
+        let metadata = if self.inner.interceptors.is_empty() {
+            metadata
+        } else {
+            intercepted = metadata.clone();
+            self.intercept(method, &mut intercepted)?;
+            &intercepted
+        };
         let conn = self.inner.pick()?;
         let (id, core) = with_client!(&conn.client, c => c.start_stream(method, metadata, timeout, first, final_message))?;
         Ok((id, core, conn))

@@ -81,6 +81,7 @@ impl FakePeer {
         let routes = builder.routes()?;
         let shared = Arc::new(ServerShared {
             routes,
+            interceptors: builder.interceptors.clone(),
             pool: BlockingPool::new("rpc-blocking", builder.blocking_threads),
             draining: AtomicBool::new(false),
             inflight: Arc::new(AtomicUsize::new(0)),
