@@ -58,6 +58,7 @@ pub mod health;
 mod idmap;
 pub mod interceptor;
 mod metadata;
+pub mod observe;
 mod pages;
 mod payload;
 #[cfg(feature = "testing")]

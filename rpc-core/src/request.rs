@@ -118,7 +118,7 @@ impl<T> Request<T> {
 
     /// A request for a call this handler makes on behalf of its own: it
     /// carries this call's deadline, so the child call gets only the
-    /// budget that remains.
+    /// budget that remains, and its W3C trace context, so the trace goes on.
     ///
     /// ```ignore
     /// async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
@@ -129,6 +129,10 @@ impl<T> Request<T> {
     pub fn child<U>(&self, message: U) -> Request<U> {
         let mut child = Request::new(message);
         child.deadline = self.deadline;
+        // The trace goes on (see `rpc_core::observe`).
+        if let Some(trace) = self.metadata.get(crate::observe::TRACEPARENT) {
+            let _ = child.metadata.insert(crate::observe::TRACEPARENT, trace);
+        }
         child
     }
 

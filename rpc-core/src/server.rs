@@ -11,6 +11,7 @@ use crate::fabric::{
 };
 use crate::idmap::IdMap;
 use crate::interceptor::{Chain, Interceptor};
+use crate::observe::{CallObs, Side};
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, FrameKind, SendError};
 use crate::streaming::{Link, Outbox, Producer, Signal, StreamCore, StreamEnd, Streaming};
@@ -128,6 +129,8 @@ pub struct ServerCall {
     core: Option<Arc<StreamCore>>,
     /// A unary call's cancellation signal, once it has one.
     signal: Option<Arc<Signal>>,
+    /// Its span and metrics (calls of a known method).
+    obs: Option<CallObs>,
 }
 
 impl fmt::Debug for ServerCall {
@@ -487,6 +490,9 @@ impl ServerCall {
         if self.is_cancelled() {
             return; // the caller is gone: nobody reads the answer
         }
+        if let Some(obs) = &mut self.obs {
+            obs.finish(Code::Ok);
+        }
         let mut response = response;
         let trailers = response.take_trailers();
         let (mut metadata, message) = response.into_parts();
@@ -526,6 +532,9 @@ impl ServerCall {
     /// Answers with an error status, once.
     fn answer_err(&mut self, status: &Status) {
         if let Some(sink) = self.sink.take() {
+            if let Some(obs) = &mut self.obs {
+                obs.finish(status.code());
+            }
             if !self.is_cancelled() {
                 send_error(&*sink, self.call_id, self.method_id, status);
             }
@@ -1085,6 +1094,7 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
     };
     let connected = ep.fabric.accept(incoming, local, &ep.cq)?;
     let conn = ep.add(connected, ring, max_message)?;
+    crate::observe::connection(Side::Server, 1.0);
     if let Err(status) = conn.established() {
         ep.close(&conn, "handshake failed");
         return Err(status);
@@ -1184,6 +1194,7 @@ impl<F: Fabric> Role<F> for ServerRole {
             registered: false,
             core: None,
             signal: None,
+            obs: None,
         };
         let Some(metadata) = frame.metadata else {
             return call.reply_err(&Status::invalid_argument("request metadata is malformed"));
@@ -1195,6 +1206,10 @@ impl<F: Fabric> Role<F> for ServerRole {
         let Some(route) = shared.routes.get(&h.method_id) else {
             return call.unimplemented();
         };
+        let obs = CallObs::server(route.path, &conn.remote, &call.metadata);
+        let span = obs.span().clone();
+        let _in = span.enter();
+        call.obs = Some(obs);
         if !shared.interceptors.is_empty() {
             let peer = Some(&*conn.remote);
             if let Err(status) = shared
@@ -1232,6 +1247,7 @@ impl<F: Fabric> Role<F> for ServerRole {
 
     fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str) {
         tracing::info!(peer = %conn.remote.addr, qp_num = conn.qp_num, %why, "client disconnected");
+        crate::observe::connection(Side::Server, -1.0);
         for call in self.registry.take_connection(conn.qp_num) {
             call.cancel(Status::unavailable(format!("connection lost: {why}")));
         }

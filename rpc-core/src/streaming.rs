@@ -301,6 +301,14 @@ impl StreamCore {
         Ok(())
     }
 
+    /// How the call ended, once it has: `Ok` for success.
+    pub(crate) fn end_code(&self) -> Option<Code> {
+        self.state().end.as_ref().map(|e| match e {
+            Ok(()) => Code::Ok,
+            Err(status) => status.code(),
+        })
+    }
+
     /// The peer granted window back (dispatcher).
     pub(crate) fn on_grant(&self, grant: u32) -> Result<(), StreamError> {
         let waker = {

@@ -10,6 +10,7 @@ use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loade
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
 use crate::interceptor::{Chain, Interceptor};
+use crate::observe::{CallObs, TRACEPARENT};
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, CallTable, FrameKind};
 use crate::slot::SlotPool;
@@ -632,6 +633,7 @@ impl Handle {
         match outcome {
             Ok(conn) => {
                 tracing::info!(%url, "reconnected");
+                crate::observe::reconnected();
                 handle.install(i, conn);
             }
             Err(status) => {
@@ -832,14 +834,17 @@ impl Channel {
         if let Err(status) = self.intercept(method, request.metadata_mut()) {
             return UnaryCall::failed(status);
         }
+        let (obs, trace) = CallObs::client(method.path, &self.inner.url, request.metadata());
+        if let Some(trace) = trace {
+            let _ = request.metadata_mut().insert(TRACEPARENT, trace);
+        }
+        let _in = obs.span().clone().entered();
         let timeout = request.budget(self.inner.default_timeout);
-        let span = tracing::trace_span!("call", method = method.path);
-        let _guard = span.enter();
         let conn = match self.inner.pick() {
             Ok(conn) => conn,
             Err(status) => {
                 if !self.waits_for_ready(&request) {
-                    return UnaryCall::failed(status);
+                    return UnaryCall::failed(status).observed_by(obs);
                 }
                 return UnaryCall::waiting(Pending {
                     handle: self.inner.clone(),
@@ -848,7 +853,8 @@ impl Channel {
                     payload: request.get_ref().encode_to_vec(),
                     fail_fast: request.fail_fast(),
                     deadline: timeout.map(|t| Instant::now() + t),
-                });
+                })
+                .observed_by(obs);
             }
         };
         let message = request.get_ref();
@@ -864,6 +870,7 @@ impl Channel {
             Ok((id, slot)) => UnaryCall::started(conn, id, slot),
             Err(status) => UnaryCall::failed(status),
         }
+        .observed_by(obs)
     }
 
     /// Starts a server-streaming call; generated clients call this.
@@ -993,29 +1000,41 @@ impl Channel {
         timeout: Option<Duration>,
         first: Option<&Req>,
         final_message: bool,
-    ) -> Result<(CallId, Arc<StreamCore>, Arc<Connection>), Status> {
-        let span = tracing::trace_span!("stream", method = method.path);
-        let _guard = span.enter();
-        let mut intercepted;
-        let metadata = if self.inner.interceptors.is_empty() {
-            metadata
-        } else {
-            intercepted = metadata.clone();
-            self.intercept(method, &mut intercepted)?;
-            &intercepted
-        };
-        let conn = self.inner.pick()?;
-        let (id, core) = with_client!(&conn.client, c => c.start_stream(method, metadata, timeout, first, final_message))?;
-        Ok((id, core, conn))
+    ) -> Result<(CallId, Arc<StreamCore>, Arc<Connection>, CallObs), Status> {
+        let mut owned;
+        let mut metadata = metadata;
+        if !self.inner.interceptors.is_empty() {
+            owned = metadata.clone();
+            self.intercept(method, &mut owned)?;
+            metadata = &owned;
+        }
+        let (mut obs, trace) = CallObs::client(method.path, &self.inner.url, metadata);
+        if let Some(trace) = trace {
+            owned = metadata.clone();
+            let _ = owned.insert(TRACEPARENT, trace);
+            metadata = &owned;
+        }
+        let _in = obs.span().clone().entered();
+        let started = self.inner.pick().and_then(|conn| {
+            let (id, core) = with_client!(&conn.client, c => c.start_stream(method, metadata, timeout, first, final_message))?;
+            Ok((id, core, conn))
+        });
+        match started {
+            Ok((id, core, conn)) => Ok((id, core, conn, obs)),
+            Err(status) => {
+                obs.finish(status.code());
+                Err(status)
+            }
+        }
     }
 
     /// The consumer's end of an opened stream; `pump` makes the request
     /// side from the stream's outbox.
     fn incoming<Resp>(
-        opened: Result<(CallId, Arc<StreamCore>, Arc<Connection>), Status>,
+        opened: Result<(CallId, Arc<StreamCore>, Arc<Connection>, CallObs), Status>,
         pump: impl FnOnce(Outbox) -> Option<Box<dyn Pump>>,
     ) -> Streaming<Resp> {
-        let (id, core, conn) = match opened {
+        let (id, core, conn, obs) = match opened {
             Ok(opened) => opened,
             Err(status) => return Streaming::failed(status),
         };
@@ -1023,7 +1042,11 @@ impl Channel {
         let outbox = Outbox::new(core.clone(), link.clone(), id, 0, None);
         let pump = pump(outbox);
         conn.outstanding.fetch_add(1, Ordering::Relaxed);
-        let owner: Arc<dyn CallOwner> = Arc::new(StreamOwner(conn));
+        let owner: Arc<dyn CallOwner> = Arc::new(StreamOwner {
+            conn,
+            core: core.clone(),
+            obs,
+        });
         Streaming::new(core, link, id, Some(owner), pump)
     }
 }
@@ -1159,26 +1182,32 @@ impl Connection {
     }
 }
 
-/// A client stream's hold on its connection.
-struct StreamOwner(Arc<Connection>);
+/// A client stream's hold on its connection, and its span and metrics.
+struct StreamOwner {
+    conn: Arc<Connection>,
+    core: Arc<StreamCore>,
+    obs: CallObs,
+}
 
 impl Drop for StreamOwner {
     fn drop(&mut self) {
-        self.0.ended();
+        self.conn.ended();
+        self.obs
+            .finish(self.core.end_code().unwrap_or(Code::Cancelled));
     }
 }
 
 impl CallOwner for StreamOwner {
     fn release(&self, call_id: CallId) {
-        self.0.cancel(call_id);
+        self.conn.cancel(call_id);
     }
 
     fn progress(&self) -> bool {
-        self.0.try_progress()
+        self.conn.try_progress()
     }
 
     fn ensure_polled(&self) {
-        self.0.ensure_polled();
+        self.conn.ensure_polled();
     }
 }
 
@@ -1215,6 +1244,7 @@ impl<F: Fabric> Client<F> {
             ep.start_heartbeat(&conn, every, false);
         }
         tracing::debug!(%url, qp_num = conn.qp_num, "connected");
+        crate::observe::connection(crate::observe::Side::Client, 1.0);
         Ok(Client { ep, conn })
     }
 
@@ -1502,6 +1532,7 @@ impl<F: Fabric> Role<F> for ClientRole {
 
     fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str) {
         tracing::info!(%why, "connection lost");
+        crate::observe::connection(crate::observe::Side::Client, -1.0);
         let calls = self.calls().remove_where(|c| c.qp_num == conn.qp_num);
         for (_, call) in calls {
             let status = Status::unavailable(format!("connection lost: {why}"));
@@ -1602,6 +1633,8 @@ pub struct UnaryCall<T> {
     canceller: Option<Arc<Connection>>,
     /// A call waiting for a connection (wait-for-ready), not started yet.
     pending: Option<Box<Pending>>,
+    /// Its span and metrics.
+    obs: Option<CallObs>,
     /// When an `.await` first found the response missing.
     started: Option<Instant>,
     /// Polls that found the response missing (the clock is read on every
@@ -1669,6 +1702,7 @@ impl<T> UnaryCall<T> {
             id: CallId(0),
             canceller: None,
             pending: None,
+            obs: None,
             started: None,
             misses: 0,
             corked: false,
@@ -1682,6 +1716,7 @@ impl<T> UnaryCall<T> {
             id,
             canceller: Some(conn),
             pending: None,
+            obs: None,
             started: None,
             misses: 0,
             corked: true,
@@ -1695,6 +1730,7 @@ impl<T> UnaryCall<T> {
             id: CallId(0),
             canceller: None,
             pending: Some(Box::new(pending)),
+            obs: None,
             started: None,
             misses: 0,
             corked: true,
@@ -1705,10 +1741,25 @@ impl<T> UnaryCall<T> {
     /// Moves a waiting call on to `started` (or to its failure).
     fn begin(&mut self, started: Started) {
         self.pending = None;
+        let obs = self.obs.take();
         *self = match started {
             Ok((conn, id, slot)) => UnaryCall::started(conn, id, slot),
             Err(status) => UnaryCall::failed(status),
         };
+        self.obs = obs;
+    }
+
+    /// Records the call's end in `obs` (its span and metrics).
+    fn observed_by(mut self, obs: CallObs) -> UnaryCall<T> {
+        self.obs = Some(obs);
+        self
+    }
+
+    /// The call ended with `result`: its span and metrics say so.
+    fn note_end<R>(&mut self, result: &Result<R, Status>) {
+        if let Some(obs) = &mut self.obs {
+            obs.finish(result.as_ref().map_or_else(|s| s.code(), |_| Code::Ok));
+        }
     }
 
     /// Waits on this thread for a waiting call's connection.
@@ -1776,6 +1827,12 @@ impl<T: prost::Message + Default> UnaryCall<T> {
     /// short while (the channel's spin time), so a quick response reaches it
     /// without a hand-off from the dispatcher thread; then it sleeps.
     pub fn wait(mut self) -> Result<Response<T>, Status> {
+        let result = self.wait_inner();
+        self.note_end(&result);
+        result
+    }
+
+    fn wait_inner(&mut self) -> Result<Response<T>, Status> {
         self.block_until_started();
         let slot = self.slot.take().expect("slot present until completion");
         let Some(conn) = self.canceller.take() else {
@@ -1842,7 +1899,7 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
             Poll::Ready(r) => {
                 let slot = self.slot.take().expect("checked above");
                 let started = self.started.take();
-                Poll::Ready(match self.canceller.take() {
+                let result = match self.canceller.take() {
                     Some(channel) => {
                         if let Some(t) = started {
                             channel.note_wait(t.elapsed());
@@ -1850,7 +1907,9 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                         channel.finish_call(slot, r)
                     }
                     None => decode_reply(r, drop),
-                })
+                };
+                self.note_end(&result);
+                Poll::Ready(result)
             }
             Poll::Pending => {
                 self.misses = self.misses.wrapping_add(1);

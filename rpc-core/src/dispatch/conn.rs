@@ -451,6 +451,7 @@ impl<F: Fabric> Conn<F> {
                 Err(e)
             }
             Ok(Reserved::Queue) => {
+                crate::observe::backpressure();
                 let mut bytes = vec![0u8; len];
                 write(&mut bytes, 0);
                 // A request's timeout counts down while it waits here.
