@@ -71,7 +71,8 @@ fn identity(cert: Option<String>, key: Option<String>) -> Option<Identity> {
 
 /// The main of a server binary `name`: takes `--listen URL` (and TLS
 /// options), serves `service` and the standard health service (reporting
-/// the service as serving) on it, until SIGINT or SIGTERM: then it reports
+/// the service as serving) and the reflection service (so that `rpc list`
+/// and `rpc call` work against it) on it, until SIGINT or SIGTERM: then it reports
 /// the service as not serving, stops accepting, lets calls in flight
 /// finish (up to the default grace period) and exits 0.
 pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
@@ -121,6 +122,7 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
     let server = match builder
         .add_service(service)
         .add_service(health_service)
+        .add_reflection()
         .serve(&listen)
     {
         Ok(s) => s,

@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 
+use common::procs::{Proc, ServerProc};
 use common::*;
 use examples::kv::kv_client::KvClient;
 use examples::kv::kv_server::KvServer;
@@ -14,135 +15,10 @@ use examples::workload;
 use futures::FutureExt;
 use rpc_core::codegen::{ServerCall, Service, ServiceDescriptor};
 use rpc_core::{Code, Server, Status};
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::io::Read;
+use std::process::Command;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// A child process, killed when dropped (so a failing test leaves none behind).
-struct Proc {
-    child: Child,
-    stderr: Arc<Mutex<String>>,
-    stderr_reader: Option<JoinHandle<()>>,
-}
-
-impl Proc {
-    fn spawn(command: &mut Command) -> Proc {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0; 4096];
-            while let Ok(n @ 1..) = pipe.read(&mut buf) {
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Proc {
-            child,
-            stderr,
-            stderr_reader: Some(reader),
-        }
-    }
-
-    /// What the process wrote to stderr so far.
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Everything the process wrote to stderr, once it has exited.
-    fn all_stderr(&mut self) -> String {
-        if let Some(reader) = self.stderr_reader.take() {
-            let _ = reader.join();
-        }
-        self.stderr()
-    }
-
-    /// Sends a signal by name (`STOP`, `KILL`...).
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
-    }
-
-    /// Kills the process and reaps it.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Waits for the process to exit, up to [`LIMIT`]; kills it after that.
-    fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                self.kill();
-                panic!(
-                    "process did not exit within {LIMIT:?}; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A `kv-server` child process.
-struct KvServerProc {
-    proc: Proc,
-    url: String,
-}
-
-impl KvServerProc {
-    /// Starts `kv-server --listen listen` and waits for it to say where it listens.
-    fn start(listen: &str) -> KvServerProc {
-        let mut proc =
-            Proc::spawn(Command::new(env!("CARGO_BIN_EXE_kv-server")).args(["--listen", listen]));
-        let stdout = proc.child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let line = rx
-            .recv_timeout(LIMIT)
-            .unwrap_or_else(|_| panic!("kv-server printed no address; stderr:\n{}", proc.stderr()));
-        let url = line
-            .strip_prefix("kv-server listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from kv-server: {line:?}"))
-            .to_owned();
-        assert!(
-            !url.ends_with(":0"),
-            "kv-server reported no real port: {url}"
-        );
-        KvServerProc { proc, url }
-    }
-}
 
 /// What a `kv-client` run printed.
 #[derive(Debug)]
@@ -183,7 +59,7 @@ fn expect_output(url: &str, args: &[&str], stdout: &str) {
 
 on_network_fabrics! {
     fn kv_client_and_kv_server_processes(url: &str) {
-        let server = KvServerProc::start(url);
+        let server = ServerProc::kv(url);
         let u = server.url.as_str();
         expect_output(u, &["put", "a", "1"], "ok\n");
         expect_output(u, &["put", "a", "2"], "ok (replaced)\n");
@@ -220,7 +96,7 @@ on_network_fabrics! {
 
 on_network_fabrics! {
     fn killed_server_fails_pending_and_later_calls(url: &str) {
-        let mut server = KvServerProc::start(url);
+        let mut server = ServerProc::kv(url);
         let kv = KvClient::new(channel(&server.url));
         let put = |key: String| kv.put(PutRequest { key, value: b"v".to_vec() });
         put("before".into()).wait().unwrap();
@@ -279,7 +155,7 @@ on_network_fabrics! {
 on_network_fabrics! {
     fn kv_client_bench_stops_on_a_lost_connection(url: &str) {
         const CONCURRENCY: u64 = 8;
-        let server = KvServerProc::start(url);
+        let server = ServerProc::kv(url);
         let mut bench = Proc::spawn(Command::new(env!("CARGO_BIN_EXE_kv-client")).args([
             "--connect",
             &server.url,
@@ -416,7 +292,7 @@ on_network_fabrics! {
 
 on_network_fabrics! {
     fn stopped_server_calls_time_out_then_recover(url: &str) {
-        let server = KvServerProc::start(url);
+        let server = ServerProc::kv(url);
         let kv = KvClient::new(channel(&server.url));
         kv.put(PutRequest { key: "k".into(), value: b"v".to_vec() }).wait().unwrap();
         // A server that is alive but not answering: calls hit their deadlines,
@@ -450,7 +326,7 @@ on_network_fabrics! {
 
 on_network_fabrics! {
     fn kv_server_shuts_down_gracefully_on_sigterm(url: &str) {
-        let mut server = KvServerProc::start(url);
+        let mut server = ServerProc::kv(url);
         let kv = KvClient::new(channel(&server.url));
         kv.put(PutRequest { key: "k".into(), value: b"v".to_vec() }).wait().unwrap();
         server.proc.signal("TERM");

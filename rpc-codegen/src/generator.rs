@@ -26,6 +26,27 @@ impl prost_build::ServiceGenerator for ServiceGenerator {
         generate_client(&service, &names, buf);
         generate_server(&service, &names, buf);
     }
+
+    fn finalize_package(&mut self, package: &str, buf: &mut String) {
+        // Beside the package's `.rs` file, written by `Builder::compile`;
+        // `include_bytes!` resolves the name against the including file.
+        let _ = writeln!(
+            buf,
+            "/// The `.proto` files of this package and every file they import, as an
+            /// encoded `google.protobuf.FileDescriptorSet`: what the reflection service
+            /// (`Server::builder().add_reflection()`) serves about its services.
+            pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(\"{}\");",
+            descriptor_file_name(package)
+        );
+    }
+}
+
+/// The file, beside the package's generated code, holding its
+/// `FILE_DESCRIPTOR_SET`.
+pub(crate) fn descriptor_file_name(package: &str) -> String {
+    // prost-build names the code of the package-less file `_.rs`.
+    let module = if package.is_empty() { "_" } else { package };
+    format!("{module}.fds.bin")
 }
 
 /// The Rust names of one service's generated items.
@@ -319,6 +340,9 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
         impl<{param}: {service_trait}> {RT}::Service for {server}<{param}> {{
             fn descriptor(&self) -> &'static {RT}::ServiceDescriptor {{
                 &DESCRIPTOR
+            }}
+            fn file_descriptor_set(&self) -> &'static [u8] {{
+                super::FILE_DESCRIPTOR_SET
             }}
             fn call(&self, call: {RT}::ServerCall) {{"
     );

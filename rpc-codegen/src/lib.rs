@@ -93,6 +93,9 @@
 mod generator;
 mod validate;
 
+use prost::Message as _;
+use prost_types::{FileDescriptorProto, FileDescriptorSet};
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -305,6 +308,7 @@ impl Builder {
 
         let fds = compiler.file_descriptor_set();
         validate::validate(&fds)?;
+        write_descriptor_sets(&fds, &out_dir)?;
 
         let mut config = prost_build::Config::new();
         config
@@ -330,6 +334,59 @@ impl Builder {
         }
         config.compile_fds(fds)
     }
+}
+
+/// Writes, for each package that declares a service, the
+/// `FileDescriptorSet` of its files and everything they import (in the
+/// order of `fds`, which lists a file after its imports), for the
+/// package's generated `FILE_DESCRIPTOR_SET`.
+fn write_descriptor_sets(fds: &FileDescriptorSet, out_dir: &Path) -> io::Result<()> {
+    let by_name: HashMap<&str, &FileDescriptorProto> =
+        fds.file.iter().map(|f| (f.name(), f)).collect();
+    let mut packages: Vec<&str> = fds
+        .file
+        .iter()
+        .filter(|f| !f.service.is_empty())
+        .map(|f| f.package())
+        .collect();
+    packages.sort_unstable();
+    packages.dedup();
+    for package in packages {
+        let mut needed = HashSet::new();
+        let mut todo: Vec<&str> = fds
+            .file
+            .iter()
+            .filter(|f| f.package() == package)
+            .map(|f| f.name())
+            .collect();
+        while let Some(name) = todo.pop() {
+            if needed.insert(name) {
+                if let Some(file) = by_name.get(name) {
+                    todo.extend(file.dependency.iter().map(String::as_str));
+                }
+            }
+        }
+        let set = FileDescriptorSet {
+            file: fds
+                .file
+                .iter()
+                .filter(|f| needed.contains(f.name()))
+                .cloned()
+                .collect(),
+        };
+        let path = out_dir.join(generator::descriptor_file_name(package));
+        write_if_changed(&path, &set.encode_to_vec())?;
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` unless it holds them already (an unchanged
+/// file keeps its time, so cargo does not rebuild what includes it).
+fn write_if_changed(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(());
+    }
+    std::fs::write(path, bytes)
 }
 
 /// protox's `Debug` form carries `file:line:column:` where it knows them.

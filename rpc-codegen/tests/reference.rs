@@ -1,7 +1,8 @@
 //! The generated code for `proto/echo.proto`, `proto/kv.proto` and
 //! `proto/route_guide.proto` (one rpc of each streaming kind), compared
 //! byte for byte with the committed files in `tests/reference/`, so that any
-//! change to the output is seen in review.
+//! change to the output is seen in review; with the descriptor sets the
+//! code includes.
 //!
 //! After an intended change, bless the new output with
 //! `RPC_CODEGEN_BLESS=1 cargo test -p rpc-codegen --test reference`.
@@ -70,9 +71,22 @@ fn echo_kv_and_route_guide_match_reference() {
         )
         .unwrap();
 
-    let failures: Vec<String> = ["echo.rs", "kv.rs", "routeguide.rs"]
+    let mut failures: Vec<String> = ["echo.rs", "kv.rs", "routeguide.rs"]
         .iter()
         .filter_map(|file| check(out.path(), file).err())
         .collect();
+    // The descriptor sets the code includes (`FILE_DESCRIPTOR_SET`).
+    for file in ["echo.fds.bin", "kv.fds.bin", "routeguide.fds.bin"] {
+        let actual = fs::read(out.path().join(file)).unwrap();
+        let reference = manifest_dir().join("tests/reference").join(file);
+        if std::env::var_os("RPC_CODEGEN_BLESS").is_some_and(|v| v == "1") {
+            fs::write(&reference, &actual).unwrap();
+        } else if fs::read(&reference).unwrap_or_default() != actual {
+            failures.push(format!(
+                "generated {file} differs from {}: if intended, bless it (see above)",
+                reference.display()
+            ));
+        }
+    }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

@@ -75,6 +75,10 @@ static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor {
         },
     ],
 };
+/// `grpc/health/v1/health.proto` (`rpc-core/proto`), encoded as a
+/// `FileDescriptorSet`.
+const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("health.fds.bin");
+
 const CHECK: &MethodDescriptor = &DESCRIPTOR.methods[0];
 const WATCH: &MethodDescriptor = &DESCRIPTOR.methods[1];
 
@@ -176,6 +180,10 @@ pub fn service() -> (HealthReporter, HealthServer) {
 impl Service for HealthServer {
     fn descriptor(&self) -> &'static ServiceDescriptor {
         &DESCRIPTOR
+    }
+
+    fn file_descriptor_set(&self) -> &'static [u8] {
+        FILE_DESCRIPTOR_SET
     }
 
     fn call(&self, call: ServerCall) {

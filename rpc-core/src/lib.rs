@@ -66,6 +66,7 @@ mod payload;
 pub mod protocol;
 #[cfg(not(feature = "testing"))]
 mod protocol;
+pub mod reflection;
 mod request;
 pub mod server;
 mod slot;

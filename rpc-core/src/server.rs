@@ -41,6 +41,14 @@ pub trait Service: Send + Sync + 'static {
     /// answered (through [`ServerCall::unary`] or [`ServerCall::unimplemented`]);
     /// a call dropped unanswered is answered `Internal`.
     fn call(&self, call: ServerCall);
+    /// An encoded `google.protobuf.FileDescriptorSet` holding the `.proto`
+    /// file that declares this service and every file it imports, for the
+    /// reflection service ([`ServerBuilder::add_reflection`]). Generated
+    /// servers return their package's `FILE_DESCRIPTOR_SET`; the default,
+    /// empty, means the service is listed but cannot be described.
+    fn file_descriptor_set(&self) -> &'static [u8] {
+        &[]
+    }
 }
 
 /// Calls of one dispatcher that can hear from their client after the
@@ -664,6 +672,7 @@ impl Server {
             admission: Admission::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             interceptors: Chain::default(),
+            reflection: false,
             #[cfg(feature = "tokio")]
             tokio: None,
         }
@@ -683,6 +692,8 @@ pub struct ServerBuilder {
     admission: Admission,
     max_connections: usize,
     interceptors: Chain,
+    /// Whether `serve` adds the reflection service.
+    reflection: bool,
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
 }
@@ -721,6 +732,17 @@ impl ServerBuilder {
     /// [`ServerBuilder::blocking_method`] or [`crate::blocking`].
     pub fn add_service(mut self, service: impl Service) -> Self {
         self.services.push((Arc::new(service), false));
+        self
+    }
+
+    /// Adds the reflection service, `grpc.reflection.v1.ServerReflection`
+    /// ([`crate::reflection`]), which tells clients such as the `rpc`
+    /// command line tool what this server serves: every service added,
+    /// before or after this call, and the `.proto` files generated services
+    /// carry. Off by default, as in gRPC: it shows the whole API to anyone
+    /// who may connect.
+    pub fn add_reflection(mut self) -> Self {
+        self.reflection = true;
         self
     }
 
@@ -872,8 +894,13 @@ impl ServerBuilder {
 
     /// Starts serving on `url` in background threads and returns at once.
     /// `tcp://host:0` picks a free port: see [`ServerHandle::local_url`].
-    pub fn serve(self, url: &str) -> Result<ServerHandle, Status> {
+    pub fn serve(mut self, url: &str) -> Result<ServerHandle, Status> {
         self.config.validate()?;
+        if std::mem::take(&mut self.reflection) && !self.services.is_empty() {
+            let services: Vec<&dyn Service> = self.services.iter().map(|(s, _)| &**s).collect();
+            let reflection = crate::reflection::ReflectionServer::new(&services);
+            self.services.push((Arc::new(reflection), false));
+        }
         let routes = self.routes()?;
         let url = FabricUrl::parse(url)?;
         match url.scheme {

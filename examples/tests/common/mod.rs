@@ -5,6 +5,7 @@
 #![allow(dead_code, unused_macros)]
 
 pub mod certs;
+pub mod procs;
 
 use examples::echo::echo_server::{Echo, EchoServer};
 use examples::echo::{EchoReply, EchoRequest};

@@ -271,6 +271,9 @@ pub mod kv_server {
         fn descriptor(&self) -> &'static ::rpc_core::codegen::ServiceDescriptor {
             &DESCRIPTOR
         }
+        fn file_descriptor_set(&self) -> &'static [u8] {
+            super::FILE_DESCRIPTOR_SET
+        }
         fn call(&self, call: ::rpc_core::codegen::ServerCall) {
             match call.method_id() {
                 0x83c0_5b70 => {
@@ -302,3 +305,7 @@ pub mod kv_server {
         }
     }
 }
+/// The `.proto` files of this package and every file they import, as an
+/// encoded `google.protobuf.FileDescriptorSet`: what the reflection service
+/// (`Server::builder().add_reflection()`) serves about its services.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("kv.fds.bin");

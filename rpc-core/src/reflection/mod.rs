@@ -1,0 +1,544 @@
+//! gRPC server reflection, `grpc.reflection.v1.ServerReflection`: a server
+//! that adds it ([`crate::ServerBuilder::add_reflection`]) answers which
+//! services it serves and, with the `.proto` files that `rpc-codegen`
+//! embeds in the generated code, what their methods and messages are. The
+//! `rpc` command line tool (and grpcurl, over gRPC) reads it to list,
+//! describe and call any method without the caller's own `.proto` files.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), rpc_core::Status> {
+//! # struct Kv; impl rpc_core::Service for Kv { fn descriptor(&self) -> &'static rpc_core::server::ServiceDescriptor { unimplemented!() } fn call(&self, _: rpc_core::ServerCall) {} }
+//! let server = rpc_core::Server::builder()
+//!     .add_service(Kv)
+//!     .add_reflection()
+//!     .serve("tcp://0.0.0.0:7471")?;
+//!
+//! let client = rpc_core::reflection::ReflectionClient::connect("tcp://127.0.0.1:7471")?;
+//! for service in client.list_services()? {
+//!     println!("{service}");
+//! }
+//! # Ok(()) }
+//! ```
+
+use crate::codegen::{MethodDescriptor, MethodKind, ServiceDescriptor, method_id};
+use crate::{Channel, Code, Request, Response, ServerCall, Service, Status, Streaming};
+use futures_core::Stream;
+use prost::Message;
+use prost_types::{DescriptorProto, FileDescriptorProto, FileDescriptorSet};
+use std::collections::{BTreeSet, HashMap};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// The messages of `grpc.reflection.v1`, generated from
+/// `rpc-core/proto/grpc/reflection/v1/reflection.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod v1 {
+    include!("grpc.reflection.v1.rs");
+}
+
+use v1::server_reflection_request::MessageRequest;
+use v1::server_reflection_response::MessageResponse;
+use v1::{
+    ErrorResponse, ExtensionNumberResponse, FileDescriptorResponse, ListServiceResponse,
+    ServerReflectionRequest, ServerReflectionResponse, ServiceResponse,
+};
+
+/// `grpc/reflection/v1/reflection.proto`, encoded as a `FileDescriptorSet`.
+const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("reflection.fds.bin");
+
+static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor {
+    name: "grpc.reflection.v1.ServerReflection",
+    methods: &[MethodDescriptor {
+        name: "ServerReflectionInfo",
+        path: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        id: method_id("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+        kind: MethodKind::Streaming,
+    }],
+};
+const INFO: &MethodDescriptor = &DESCRIPTOR.methods[0];
+
+/// What the reflection service knows: the services, their files and the
+/// symbols those files declare.
+#[derive(Default)]
+struct Index {
+    /// `package.Service`, sorted.
+    services: Vec<String>,
+    /// File name to the encoded `FileDescriptorProto` and its imports.
+    files: HashMap<String, (Vec<u8>, Vec<String>)>,
+    /// Fully-qualified symbol (no leading dot) to the file declaring it.
+    symbols: HashMap<String, String>,
+    /// (extended message, field number) to the file declaring the extension.
+    extensions: HashMap<(String, i32), String>,
+}
+
+impl Index {
+    /// Indexes `services`; those without descriptors are listed only. A
+    /// descriptor set that does not decode is logged and skipped.
+    fn new(services: &[&dyn Service]) -> Index {
+        let mut index = Index::default();
+        let mut names = BTreeSet::new();
+        for service in services {
+            names.insert(service.descriptor().name.to_owned());
+            let bytes = service.file_descriptor_set();
+            if bytes.is_empty() {
+                continue;
+            }
+            match FileDescriptorSet::decode(bytes) {
+                Ok(set) => set.file.into_iter().for_each(|f| index.add_file(f)),
+                Err(e) => tracing::warn!(
+                    service = service.descriptor().name,
+                    error = %e,
+                    "the service's file descriptor set does not decode: it cannot be described"
+                ),
+            }
+        }
+        index.services = names.into_iter().collect();
+        index
+    }
+
+    fn add_file(&mut self, file: FileDescriptorProto) {
+        let name = file.name().to_owned();
+        if self.files.contains_key(&name) {
+            return;
+        }
+        let prefix = match file.package() {
+            "" => String::new(),
+            package => format!("{package}."),
+        };
+        let mut symbols = Vec::new();
+        for message in &file.message_type {
+            self.add_message(&prefix, message, &name, &mut symbols);
+        }
+        for e in &file.enum_type {
+            symbols.push(format!("{prefix}{}", e.name()));
+        }
+        for service in &file.service {
+            let service_name = format!("{prefix}{}", service.name());
+            for method in &service.method {
+                symbols.push(format!("{service_name}.{}", method.name()));
+            }
+            symbols.push(service_name);
+        }
+        for ext in &file.extension {
+            symbols.push(format!("{prefix}{}", ext.name()));
+            self.add_extension(ext, &name);
+        }
+        for symbol in symbols {
+            self.symbols.entry(symbol).or_insert_with(|| name.clone());
+        }
+        let deps = file.dependency.clone();
+        self.files.insert(name, (file.encode_to_vec(), deps));
+    }
+
+    fn add_message(
+        &mut self,
+        prefix: &str,
+        message: &DescriptorProto,
+        file: &str,
+        symbols: &mut Vec<String>,
+    ) {
+        let full = format!("{prefix}{}", message.name());
+        for field in &message.field {
+            symbols.push(format!("{full}.{}", field.name()));
+        }
+        for e in &message.enum_type {
+            symbols.push(format!("{full}.{}", e.name()));
+        }
+        for ext in &message.extension {
+            symbols.push(format!("{full}.{}", ext.name()));
+            self.add_extension(ext, file);
+        }
+        let nested_prefix = format!("{full}.");
+        for nested in &message.nested_type {
+            self.add_message(&nested_prefix, nested, file, symbols);
+        }
+        symbols.push(full);
+    }
+
+    fn add_extension(&mut self, ext: &prost_types::FieldDescriptorProto, file: &str) {
+        let extended = ext.extendee().trim_start_matches('.').to_owned();
+        self.extensions
+            .entry((extended, ext.number()))
+            .or_insert_with(|| file.to_owned());
+    }
+
+    /// `name` and every file it imports, directly or not: `name` first.
+    fn file_with_imports(&self, name: &str) -> Result<Vec<Vec<u8>>, ErrorResponse> {
+        if !self.files.contains_key(name) {
+            return Err(not_found(format!("no file {name:?}")));
+        }
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![name];
+        let mut out = Vec::new();
+        while let Some(file) = todo.pop() {
+            if !seen.insert(file) {
+                continue;
+            }
+            // An import the services' sets did not carry is left out: the
+            // client reports what it misses.
+            if let Some((bytes, deps)) = self.files.get(file) {
+                out.push(bytes.clone());
+                todo.extend(deps.iter().rev().map(String::as_str));
+            }
+        }
+        Ok(out)
+    }
+
+    fn answer(&self, request: &ServerReflectionRequest) -> MessageResponse {
+        let files = |r: Result<Vec<Vec<u8>>, ErrorResponse>| match r {
+            Ok(file_descriptor_proto) => {
+                MessageResponse::FileDescriptorResponse(FileDescriptorResponse {
+                    file_descriptor_proto,
+                })
+            }
+            Err(e) => MessageResponse::ErrorResponse(e),
+        };
+        match &request.message_request {
+            Some(MessageRequest::ListServices(_)) => {
+                MessageResponse::ListServicesResponse(ListServiceResponse {
+                    service: self
+                        .services
+                        .iter()
+                        .map(|name| ServiceResponse { name: name.clone() })
+                        .collect(),
+                })
+            }
+            Some(MessageRequest::FileByFilename(name)) => files(self.file_with_imports(name)),
+            Some(MessageRequest::FileContainingSymbol(symbol)) => {
+                let symbol = symbol.trim_start_matches('.');
+                files(match self.symbols.get(symbol) {
+                    Some(file) => self.file_with_imports(file),
+                    None if self.services.iter().any(|s| s == symbol) => Err(not_found(format!(
+                        "{symbol} is served but its service has no file descriptors \
+                         (it was not generated by rpc-codegen)"
+                    ))),
+                    None => Err(not_found(format!("no symbol {symbol:?}"))),
+                })
+            }
+            Some(MessageRequest::FileContainingExtension(ext)) => {
+                let key = (
+                    ext.containing_type.trim_start_matches('.').to_owned(),
+                    ext.extension_number,
+                );
+                files(match self.extensions.get(&key) {
+                    Some(file) => self.file_with_imports(file),
+                    None => Err(not_found(format!(
+                        "no extension {} of {}",
+                        key.1, ext.containing_type
+                    ))),
+                })
+            }
+            Some(MessageRequest::AllExtensionNumbersOfType(ty)) => {
+                let ty = ty.trim_start_matches('.');
+                let known = self.symbols.contains_key(ty);
+                let mut extension_number: Vec<i32> = self
+                    .extensions
+                    .keys()
+                    .filter(|(extended, _)| extended == ty)
+                    .map(|(_, n)| *n)
+                    .collect();
+                extension_number.sort_unstable();
+                if known || !extension_number.is_empty() {
+                    MessageResponse::AllExtensionNumbersResponse(ExtensionNumberResponse {
+                        base_type_name: ty.to_owned(),
+                        extension_number,
+                    })
+                } else {
+                    MessageResponse::ErrorResponse(not_found(format!("no type {ty:?}")))
+                }
+            }
+            None => MessageResponse::ErrorResponse(ErrorResponse {
+                error_code: Code::InvalidArgument as i32,
+                error_message: "the request asks nothing".into(),
+            }),
+        }
+    }
+}
+
+fn not_found(message: String) -> ErrorResponse {
+    ErrorResponse {
+        error_code: Code::NotFound as i32,
+        error_message: message,
+    }
+}
+
+/// The reflection service. [`crate::ServerBuilder::add_reflection`] adds
+/// one that knows every service of the server (itself included).
+#[derive(Clone)]
+pub struct ReflectionServer {
+    index: Arc<Index>,
+}
+
+impl std::fmt::Debug for ReflectionServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReflectionServer")
+            .field("services", &self.index.services)
+            .field("files", &self.index.files.len())
+            .finish()
+    }
+}
+
+impl ReflectionServer {
+    /// A reflection service answering about `services` and about itself.
+    pub(crate) fn new(services: &[&dyn Service]) -> ReflectionServer {
+        let this = ReflectionServer {
+            index: Arc::new(Index::default()),
+        };
+        let mut all = services.to_vec();
+        all.push(&this);
+        ReflectionServer {
+            index: Arc::new(Index::new(&all)),
+        }
+    }
+}
+
+impl Service for ReflectionServer {
+    fn descriptor(&self) -> &'static ServiceDescriptor {
+        &DESCRIPTOR
+    }
+
+    fn file_descriptor_set(&self) -> &'static [u8] {
+        FILE_DESCRIPTOR_SET
+    }
+
+    fn call(&self, call: ServerCall) {
+        let index = self.index.clone();
+        match call.method_id() {
+            id if id == INFO.id => call.streaming(
+                move |r: Request<Streaming<ServerReflectionRequest>>| async move {
+                    Ok(Response::new(Answers {
+                        index,
+                        requests: r.into_inner(),
+                    }))
+                },
+            ),
+            _ => call.unimplemented(),
+        }
+    }
+}
+
+/// A reflection stream's responses: one per request, in order.
+struct Answers {
+    index: Arc<Index>,
+    requests: Streaming<ServerReflectionRequest>,
+}
+
+impl Stream for Answers {
+    type Item = Result<ServerReflectionResponse, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        Pin::new(&mut this.requests).poll_next(cx).map(|next| {
+            next.map(|request| {
+                request.map(|request| ServerReflectionResponse {
+                    valid_host: String::new(),
+                    message_response: Some(this.index.answer(&request)),
+                    original_request: Some(request),
+                })
+            })
+        })
+    }
+}
+
+/// A client of a server's reflection service: blocking calls, each on a
+/// stream of its own.
+#[derive(Debug, Clone)]
+pub struct ReflectionClient {
+    channel: Channel,
+}
+
+impl ReflectionClient {
+    /// A client on `channel`.
+    pub fn new(channel: Channel) -> ReflectionClient {
+        ReflectionClient { channel }
+    }
+
+    /// Connects to `url`.
+    pub fn connect(url: &str) -> Result<ReflectionClient, Status> {
+        Channel::connect(url).map(ReflectionClient::new)
+    }
+
+    /// The names (`package.Service`) of the services the server serves.
+    pub fn list_services(&self) -> Result<Vec<String>, Status> {
+        match self.ask(MessageRequest::ListServices(String::new()))? {
+            MessageResponse::ListServicesResponse(list) => {
+                Ok(list.service.into_iter().map(|s| s.name).collect())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The file declaring `symbol` (`package.Service`,
+    /// `package.Service.Method`, `package.Message`) and every file it
+    /// imports, as a set a `prost-reflect` `DescriptorPool` can load.
+    pub fn file_containing_symbol(&self, symbol: &str) -> Result<FileDescriptorSet, Status> {
+        self.files(MessageRequest::FileContainingSymbol(symbol.to_owned()))
+    }
+
+    /// The file named `name` (`kv.proto`) and every file it imports.
+    pub fn file_by_filename(&self, name: &str) -> Result<FileDescriptorSet, Status> {
+        self.files(MessageRequest::FileByFilename(name.to_owned()))
+    }
+
+    fn files(&self, request: MessageRequest) -> Result<FileDescriptorSet, Status> {
+        match self.ask(request)? {
+            MessageResponse::FileDescriptorResponse(files) => {
+                let mut set = FileDescriptorSet::default();
+                for bytes in files.file_descriptor_proto {
+                    set.file
+                        .push(FileDescriptorProto::decode(&bytes[..]).map_err(|e| {
+                            Status::internal(format!("a file descriptor does not decode: {e}"))
+                        })?);
+                }
+                Ok(set)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sends one request on a stream of its own and reads its answer; an
+    /// `ErrorResponse` becomes a `Status` of its code.
+    fn ask(&self, request: MessageRequest) -> Result<MessageResponse, Status> {
+        let (mut sender, mut responses) = self
+            .channel
+            .streaming_sender::<ServerReflectionRequest, ServerReflectionResponse>(
+                INFO,
+                Request::new(()),
+            );
+        sender.send(ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(request),
+        })?;
+        sender.close()?;
+        let response = responses.blocking_message()?.ok_or_else(|| {
+            Status::internal("the reflection service ended the stream without an answer")
+        })?;
+        match response.message_response {
+            Some(MessageResponse::ErrorResponse(e)) => Err(Status::new(
+                u16::try_from(e.error_code).map_or(Code::Unknown, Code::from_u16),
+                e.error_message,
+            )),
+            Some(answer) => Ok(answer),
+            None => Err(Status::internal("the reflection service answered nothing")),
+        }
+    }
+}
+
+fn unexpected(answer: &MessageResponse) -> Status {
+    let what = match answer {
+        MessageResponse::FileDescriptorResponse(_) => "files",
+        MessageResponse::AllExtensionNumbersResponse(_) => "extension numbers",
+        MessageResponse::ListServicesResponse(_) => "a list of services",
+        MessageResponse::ErrorResponse(_) => "an error",
+    };
+    Status::internal(format!("the reflection service answered with {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index() -> Index {
+        let (_, health) = crate::health::service();
+        let reflection = ReflectionServer::new(&[&health]);
+        Arc::try_unwrap(reflection.index).unwrap_or_else(|_| unreachable!())
+    }
+
+    fn ask(index: &Index, request: MessageRequest) -> MessageResponse {
+        index.answer(&ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(request),
+        })
+    }
+
+    fn file_names(answer: MessageResponse) -> Vec<String> {
+        let MessageResponse::FileDescriptorResponse(files) = answer else {
+            panic!("not files: {answer:?}");
+        };
+        files
+            .file_descriptor_proto
+            .iter()
+            .map(|b| {
+                FileDescriptorProto::decode(&b[..])
+                    .unwrap()
+                    .name()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lists_every_service_and_itself() {
+        let MessageResponse::ListServicesResponse(list) =
+            ask(&index(), MessageRequest::ListServices(String::new()))
+        else {
+            panic!("not a list");
+        };
+        let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection"
+            ]
+        );
+    }
+
+    #[test]
+    fn finds_the_file_of_services_methods_messages_and_nested_enums() {
+        let index = index();
+        for symbol in [
+            "grpc.health.v1.Health",
+            ".grpc.health.v1.Health.Watch",
+            "grpc.health.v1.HealthCheckRequest",
+            "grpc.health.v1.HealthCheckResponse.ServingStatus",
+            "grpc.health.v1.HealthCheckRequest.service",
+        ] {
+            let answer = ask(&index, MessageRequest::FileContainingSymbol(symbol.into()));
+            assert_eq!(
+                file_names(answer),
+                ["grpc/health/v1/health.proto"],
+                "{symbol}"
+            );
+        }
+        let answer = ask(
+            &index,
+            MessageRequest::FileByFilename("grpc/reflection/v1/reflection.proto".into()),
+        );
+        assert_eq!(file_names(answer), ["grpc/reflection/v1/reflection.proto"]);
+    }
+
+    #[test]
+    fn unknown_names_are_not_found() {
+        let index = index();
+        for request in [
+            MessageRequest::FileContainingSymbol("kv.Kv".into()),
+            MessageRequest::FileByFilename("kv.proto".into()),
+            MessageRequest::AllExtensionNumbersOfType("no.Such".into()),
+            MessageRequest::FileContainingExtension(v1::ExtensionRequest {
+                containing_type: "grpc.health.v1.HealthCheckRequest".into(),
+                extension_number: 100,
+            }),
+        ] {
+            match ask(&index, request.clone()) {
+                MessageResponse::ErrorResponse(e) => {
+                    assert_eq!(e.error_code, Code::NotFound as i32, "{request:?}")
+                }
+                other => panic!("{request:?} answered {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_known_type_without_extensions_has_none() {
+        let answer = ask(
+            &index(),
+            MessageRequest::AllExtensionNumbersOfType("grpc.health.v1.HealthCheckRequest".into()),
+        );
+        let MessageResponse::AllExtensionNumbersResponse(numbers) = answer else {
+            panic!("{answer:?}");
+        };
+        assert!(numbers.extension_number.is_empty());
+    }
+}
