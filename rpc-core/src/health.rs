@@ -274,6 +274,15 @@ impl HealthClient {
         )
     }
 
+    /// Like [`HealthClient::check`], with the request's metadata and
+    /// timeout.
+    pub fn check_request(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> UnaryCall<HealthCheckResponse> {
+        self.channel.unary(CHECK, request)
+    }
+
     /// Streams `service`'s status: now, then each change.
     pub fn watch(&self, service: &str) -> Streaming<HealthCheckResponse> {
         self.channel.server_streaming(

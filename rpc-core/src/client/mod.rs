@@ -1,7 +1,9 @@
 //! The client side: [`Channel`] and [`UnaryCall`].
 
+mod endpoints;
 mod reconnect;
 
+pub use endpoints::{Dns, Resolver};
 pub use reconnect::Backoff;
 
 use crate::auth::Credential;
@@ -19,7 +21,7 @@ use crate::streaming::{
     Streaming, send_control,
 };
 use crate::{Code, Metadata, Request, Response, Status};
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use futures_core::Stream;
 use reconnect::Ready;
 use std::collections::HashMap;
@@ -27,7 +29,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -73,11 +75,15 @@ pub struct Channel {
 
 /// What every clone of a channel shares.
 struct Handle {
-    /// One per endpoint.
-    targets: Vec<Target>,
+    /// One per endpoint: fixed, or replaced each time the resolver answers.
+    targets: ArcSwap<Vec<Arc<Target>>>,
     settings: Arc<Settings>,
-    /// The endpoints as given, comma-separated.
+    /// The endpoints as given, comma-separated (or the resolver's name).
     url: String,
+    /// Where the endpoints come from when they change.
+    resolver: Option<endpoints::Resolving>,
+    /// How endpoints are health-checked, if they are.
+    health: Option<endpoints::HealthCheck>,
     default_timeout: Option<Duration>,
     wait_for_ready: bool,
     balance: Balance,
@@ -86,6 +92,9 @@ struct Handle {
     next: AtomicUsize,
     /// Callers waiting for a connection.
     ready: Ready,
+    /// Connections of endpoints the resolver dropped, kept until their
+    /// calls finish (a blocked caller does not hold its connection).
+    draining: Mutex<Vec<Arc<Connection>>>,
 }
 
 /// How connecting is done, for the first connection and every reconnection.
@@ -106,6 +115,31 @@ struct Target {
     /// The live connection, if any: read without a lock by every call.
     current: ArcSwapOption<Connection>,
     state: Mutex<TargetState>,
+    /// Whether the last health check found it serving (true until one
+    /// says otherwise, and without health checks).
+    serving: AtomicBool,
+    /// The resolver no longer names it: it is not reconnected.
+    removed: AtomicBool,
+}
+
+impl Target {
+    fn new(url: FabricUrl, fallback: Option<FabricUrl>) -> Arc<Target> {
+        Arc::new(Target {
+            url,
+            fallback,
+            current: ArcSwapOption::empty(),
+            state: Mutex::new(TargetState::default()),
+            serving: AtomicBool::new(true),
+            removed: AtomicBool::new(false),
+        })
+    }
+
+    /// Its live connection, if it has one and it is serving.
+    fn usable(&self) -> Option<Arc<Connection>> {
+        self.current
+            .load_full()
+            .filter(|_| self.serving.load(Ordering::Relaxed))
+    }
 }
 
 #[derive(Default)]
@@ -116,6 +150,8 @@ struct TargetState {
     reconnecting: bool,
     /// Why the last connection or attempt failed.
     last_error: Option<Status>,
+    /// What the last health check said.
+    health: Option<String>,
 }
 
 /// How a channel over several endpoints picks one for each call.
@@ -265,6 +301,12 @@ pub struct ChannelBuilder {
     balance: Balance,
     fallback: Option<String>,
     interceptors: Chain,
+    /// With `urls` empty: where the endpoints come from.
+    resolver: Option<Arc<dyn Resolver>>,
+    resolve_interval: Duration,
+    /// The service to health-check endpoints for, if any.
+    health: Option<String>,
+    health_interval: Duration,
 }
 
 impl fmt::Debug for ChannelBuilder {
@@ -280,6 +322,10 @@ impl fmt::Debug for ChannelBuilder {
             .field("balance", &self.balance)
             .field("fallback", &self.fallback)
             .field("interceptors", &self.interceptors)
+            .field("resolver", &self.resolver.is_some())
+            .field("resolve_interval", &self.resolve_interval)
+            .field("health", &self.health)
+            .field("health_interval", &self.health_interval)
             .finish()
     }
 }
@@ -368,6 +414,35 @@ impl ChannelBuilder {
         self
     }
 
+    /// Health-checks every endpoint with the standard health service:
+    /// `grpc.health.v1.Health/Check` for `service` (`package.Service`, or
+    /// `""` for the server as a whole), as soon as it connects and then
+    /// every [`ChannelBuilder::health_check_interval`]. An endpoint whose
+    /// check says anything but `SERVING`, or does not answer within the
+    /// interval, gets no calls until a check says `SERVING` again; a
+    /// server without the health service (`Unimplemented`) is taken to
+    /// serve. With every endpoint out, calls fail with `Unavailable` (or
+    /// wait for one, with wait-for-ready). Off by default. Checks carry
+    /// the channel's interceptors' metadata (a token, say).
+    pub fn health_check(mut self, service: &str) -> Self {
+        self.health = Some(service.to_owned());
+        self
+    }
+
+    /// How often [`ChannelBuilder::health_check`] asks (default 1 s, at
+    /// least 10 ms); also how long a check may take.
+    pub fn health_check_interval(mut self, interval: Duration) -> Self {
+        self.health_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How often a [`Channel::resolve`] channel asks its resolver again
+    /// (default 30 s, at least 100 ms).
+    pub fn resolve_interval(mut self, interval: Duration) -> Self {
+        self.resolve_interval = interval.max(Duration::from_millis(100));
+        self
+    }
+
     /// Size of the receive ring for responses, in bytes: a power of two
     /// (default 256 KiB on mem:// and tcp://, 128 KiB on rdma://, where it is
     /// registered memory). Small messages travel through it; payloads larger
@@ -419,16 +494,21 @@ impl ChannelBuilder {
     /// retried in the background.
     pub fn connect(self) -> Result<Channel, Status> {
         let channel = self.build()?;
+        if let Some(resolving) = &channel.inner.resolver {
+            // The first answer, at once: connecting needs endpoints.
+            channel.inner.resolve_now(false)?;
+            Handle::schedule_resolve(&channel.inner, Instant::now() + resolving.interval());
+        }
         let mut first_error = None;
         let mut any = false;
-        for (i, target) in channel.inner.targets.iter().enumerate() {
+        for target in channel.inner.targets.load().iter() {
             match target.open(&channel.inner.settings) {
                 Ok(conn) => {
-                    channel.inner.install(i, conn);
+                    channel.inner.install(target, conn);
                     any = true;
                 }
                 Err(status) => {
-                    channel.inner.failed(i, status.clone());
+                    channel.inner.failed(target, status.clone());
                     first_error.get_or_insert(status);
                 }
             }
@@ -450,18 +530,21 @@ impl ChannelBuilder {
             builder.backoff = Some(Backoff::default());
         }
         let channel = builder.build()?;
-        for i in 0..channel.inner.targets.len() {
-            channel.inner.schedule(i, Instant::now());
+        if channel.inner.resolver.is_some() {
+            Handle::schedule_resolve(&channel.inner, Instant::now());
+        }
+        for target in channel.inner.targets.load().iter() {
+            channel.inner.schedule(target, Instant::now());
         }
         Ok(channel)
     }
 
     fn build(self) -> Result<Channel, Status> {
         self.config.validate()?;
-        if self.urls.is_empty() {
+        if self.urls.is_empty() && self.resolver.is_none() {
             return Err(Status::invalid_argument("a channel needs at least one URL"));
         }
-        if self.fallback.is_some() && self.urls.len() > 1 {
+        if self.fallback.is_some() && (self.urls.len() > 1 || self.resolver.is_some()) {
             return Err(Status::invalid_argument(
                 "a fallback URL is for a channel of one endpoint",
             ));
@@ -470,36 +553,46 @@ impl ChannelBuilder {
         let targets = self
             .urls
             .iter()
-            .map(|u| {
-                Ok(Target {
-                    url: FabricUrl::parse(u)?,
-                    fallback: fallback.clone(),
-                    current: ArcSwapOption::empty(),
-                    state: Mutex::new(TargetState::default()),
-                })
-            })
+            .map(|u| Ok(Target::new(FabricUrl::parse(u)?, fallback.clone())))
             .collect::<Result<Vec<_>, Status>>()?;
-        let url = targets
-            .iter()
-            .map(|t| t.url.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
+        let (url, resolver, tls) = match self.resolver {
+            None => {
+                let urls: Vec<_> = targets.iter().map(|t| t.url.to_string()).collect();
+                (urls.join(","), None, self.tls)
+            }
+            Some(resolver) => {
+                // Certificates name the host, not the addresses it
+                // resolves to.
+                let tls = match (self.tls, resolver.server_name()) {
+                    (Some(tls), Some(name)) => Some(tls.with_default_domain(name)?),
+                    (tls, _) => tls,
+                };
+                let resolving = endpoints::Resolving::new(resolver, self.resolve_interval);
+                (resolving.name(), Some(resolving), tls)
+            }
+        };
         Ok(Channel {
             inner: Arc::new(Handle {
-                targets,
+                targets: ArcSwap::from_pointee(targets),
                 settings: Arc::new(Settings {
                     config: self.config,
                     credential: self.credential,
-                    tls: self.tls,
+                    tls,
                     backoff: self.backoff,
                 }),
                 url,
+                resolver,
+                health: self.health.map(|service| endpoints::HealthCheck {
+                    service,
+                    interval: self.health_interval,
+                }),
                 default_timeout: self.timeout,
                 wait_for_ready: self.wait_for_ready,
                 balance: self.balance,
                 interceptors: self.interceptors,
                 next: AtomicUsize::new(0),
                 ready: Ready::default(),
+                draining: Mutex::default(),
             }),
         })
     }
@@ -509,13 +602,15 @@ impl Handle {
     /// A live connection for the next call, as [`Balance`] says; marks the
     /// dead ones it meets for reconnection.
     fn pick(self: &Arc<Self>) -> Result<Arc<Connection>, Status> {
-        let n = self.targets.len();
+        let targets = self.targets.load();
+        let n = targets.len();
         if n == 1 {
-            return match self.targets[0].current.load_full() {
+            let target = &targets[0];
+            return match target.usable() {
                 Some(c) if c.is_alive() => Ok(c),
                 dead => {
                     if let Some(c) = dead {
-                        self.lost(0, &c);
+                        self.lost(target, &c);
                     }
                     Err(self.unavailable())
                 }
@@ -524,12 +619,12 @@ impl Handle {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut best: Option<Arc<Connection>> = None;
         for k in 0..n {
-            let i = (start + k) % n;
-            let Some(c) = self.targets[i].current.load_full() else {
+            let target = &targets[(start + k) % n];
+            let Some(c) = target.usable() else {
                 continue;
             };
             if !c.is_alive() {
-                self.lost(i, &c);
+                self.lost(target, &c);
                 continue;
             }
             match self.balance {
@@ -550,10 +645,15 @@ impl Handle {
 
     /// The status of a call made with no connection up.
     fn unavailable(&self) -> Status {
-        let why = self
-            .targets
+        let targets = self.targets.load();
+        let not_serving = targets
+            .iter()
+            .find(|t| t.current.load().is_some() && !t.serving.load(Ordering::Relaxed));
+        let why = targets
             .iter()
             .find_map(|t| t.lock().last_error.as_ref().map(|s| s.message().to_owned()))
+            .or_else(|| not_serving.map(|t| self.not_serving_reason(t)))
+            .or_else(|| self.resolver.as_ref().and_then(|r| r.last_error()))
             .unwrap_or_else(|| "not connected yet".to_owned());
         let retry = if self.settings.backoff.is_some() {
             "; reconnecting"
@@ -568,10 +668,9 @@ impl Handle {
         self.settings.backoff.is_some()
     }
 
-    /// Connection `dead` of target `i` failed: takes it out and schedules
+    /// Connection `dead` of `target` failed: takes it out and schedules
     /// a reconnection (once).
-    fn lost(self: &Arc<Self>, i: usize, dead: &Arc<Connection>) {
-        let target = &self.targets[i];
+    fn lost(self: &Arc<Self>, target: &Arc<Target>, dead: &Arc<Connection>) {
         let current = target.current.load();
         if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, dead)) {
             return; // already replaced
@@ -579,18 +678,24 @@ impl Handle {
         target.current.store(None);
         let why = dead.death();
         tracing::info!(url = %target.url, %why, "connection lost; reconnecting");
-        self.failed(i, Status::unavailable(format!("connection lost: {why}")));
+        self.failed(
+            target,
+            Status::unavailable(format!("connection lost: {why}")),
+        );
     }
 
-    /// Target `i` has no connection because of `status`: schedules the
+    /// `target` has no connection because of `status`: schedules the
     /// next attempt after the backoff.
-    fn failed(self: &Arc<Self>, i: usize, status: Status) {
+    fn failed(self: &Arc<Self>, target: &Arc<Target>, status: Status) {
         let Some(backoff) = self.settings.backoff else {
-            self.targets[i].lock().last_error = Some(status);
+            target.lock().last_error = Some(status);
             return;
         };
+        if target.removed.load(Ordering::Relaxed) {
+            return;
+        }
         let delay = {
-            let mut st = self.targets[i].lock();
+            let mut st = target.lock();
             st.last_error = Some(status);
             if st.reconnecting {
                 return;
@@ -598,69 +703,86 @@ impl Handle {
             st.failures = st.failures.saturating_add(1);
             backoff.delay(st.failures)
         };
-        self.schedule(i, Instant::now() + delay);
+        self.schedule(target, Instant::now() + delay);
     }
 
-    /// Attempts to connect target `i` at `at`, unless an attempt is due.
-    fn schedule(self: &Arc<Self>, i: usize, at: Instant) {
+    /// Attempts to connect `target` at `at`, unless an attempt is due.
+    fn schedule(self: &Arc<Self>, target: &Arc<Target>, at: Instant) {
         {
-            let mut st = self.targets[i].lock();
+            let mut st = target.lock();
             if st.reconnecting {
                 return;
             }
             st.reconnecting = true;
         }
         let weak = Arc::downgrade(self);
-        reconnect::schedule(at, move || Handle::attempt(weak, i));
+        let weak_target = Arc::downgrade(target);
+        reconnect::schedule(at, move || Handle::attempt(weak, weak_target));
     }
 
-    /// One attempt to connect target `i`, on a thread of its own. The
-    /// channel is not kept alive meanwhile: if every handle to it goes
-    /// away, the new connection is closed.
-    fn attempt(weak: Weak<Handle>, i: usize) {
-        let (url, fallback, settings) = match weak.upgrade() {
-            Some(h) => {
-                let t = &h.targets[i];
-                (t.url.clone(), t.fallback.clone(), h.settings.clone())
-            }
-            None => return,
+    /// One attempt to connect `target`, on a thread of its own. Neither
+    /// the channel nor the target is kept alive meanwhile: if every handle
+    /// to the channel goes away, or the resolver drops the target, the new
+    /// connection is closed.
+    fn attempt(weak: Weak<Handle>, weak_target: Weak<Target>) {
+        let (Some(h), Some(target)) = (weak.upgrade(), weak_target.upgrade()) else {
+            return;
         };
-        let outcome = Target::connect(&url, fallback.as_ref(), &settings);
+        let settings = h.settings.clone();
+        drop(h);
+        let outcome = Target::connect(&target.url, target.fallback.as_ref(), &settings);
         let Some(handle) = weak.upgrade() else {
             return;
         };
-        handle.targets[i].lock().reconnecting = false;
+        target.lock().reconnecting = false;
+        if target.removed.load(Ordering::Relaxed) {
+            return;
+        }
+        let url = &target.url;
+        if target.current.load().as_ref().is_some_and(|c| c.is_alive()) {
+            // Connected meanwhile by another way (`connect`): keep that one,
+            // whose calls are under way; this one closes unused.
+            return;
+        }
         match outcome {
             Ok(conn) => {
                 tracing::info!(%url, "reconnected");
                 crate::observe::reconnected();
-                handle.install(i, conn);
+                handle.install(&target, conn);
             }
             Err(status) => {
                 tracing::debug!(%url, %status, "reconnection attempt failed");
-                handle.failed(i, status);
+                handle.failed(&target, status);
             }
         }
     }
 
-    /// Makes `conn` target `i`'s connection and wakes whoever waits.
-    fn install(self: &Arc<Self>, i: usize, conn: Connection) {
+    /// Makes `conn` `target`'s connection and wakes whoever waits.
+    fn install(self: &Arc<Self>, target: &Arc<Target>, conn: Connection) {
         let conn = Arc::new(conn);
         {
-            let mut st = self.targets[i].lock();
+            let mut st = target.lock();
             st.failures = 0;
             st.last_error = None;
         }
+        target.serving.store(true, Ordering::Relaxed);
         // Learn of its failure as it happens, not only at the next call,
         // so that reconnection starts at once.
         let weak = Arc::downgrade(self);
+        let weak_target = Arc::downgrade(target);
         let dead = Arc::downgrade(&conn);
         conn.watch(Box::new(move || {
-            if let (Some(h), Some(c)) = (weak.upgrade(), dead.upgrade()) {
-                h.lost(i, &c);
+            if let (Some(h), Some(t), Some(c)) =
+                (weak.upgrade(), weak_target.upgrade(), dead.upgrade())
+            {
+                h.lost(&t, &c);
             }
         }));
-        self.targets[i].current.store(Some(conn));
+        target.current.store(Some(conn.clone()));
+        // After the store: a check finding another connection there ends.
+        if self.health.is_some() {
+            Handle::schedule_health_check(self, target, &conn, Instant::now());
+        }
         self.ready.notify();
     }
 }
@@ -737,6 +859,33 @@ impl Channel {
             balance: Balance::default(),
             fallback: None,
             interceptors: Chain::default(),
+            resolver: None,
+            resolve_interval: endpoints::DEFAULT_RESOLVE_INTERVAL,
+            health: None,
+            health_interval: endpoints::DEFAULT_HEALTH_INTERVAL,
+        }
+    }
+
+    /// A builder for a channel whose endpoints come from `resolver` (such
+    /// as [`Dns`]), asked again every [`ChannelBuilder::resolve_interval`]:
+    /// endpoints it adds are connected, endpoints it no longer names are
+    /// closed (calls in flight on them finish), and calls are spread over
+    /// the connected ones as [`ChannelBuilder::balance`] says. When the
+    /// resolver fails, the channel keeps the endpoints it has.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), rpc_core::Status> {
+    /// use rpc_core::{Channel, client::Dns};
+    /// // Every address of kv.internal, looked up again every 30 s.
+    /// let channel = Channel::resolve(Dns::new("tcp://kv.internal:7471")?)
+    ///     .health_check("kv.Kv")
+    ///     .connect()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn resolve(resolver: impl Resolver) -> ChannelBuilder {
+        ChannelBuilder {
+            resolver: Some(Arc::new(resolver)),
+            ..Channel::balance(std::iter::empty::<&str>())
         }
     }
 
@@ -749,6 +898,7 @@ impl Channel {
     pub fn is_connected(&self) -> bool {
         self.inner
             .targets
+            .load()
             .iter()
             .any(|t| t.current.load().as_ref().is_some_and(|c| c.is_alive()))
     }
@@ -758,6 +908,7 @@ impl Channel {
     pub fn connected_urls(&self) -> Vec<String> {
         self.inner
             .targets
+            .load()
             .iter()
             .filter_map(|t| t.current.load_full())
             .filter(|c| c.is_alive())
@@ -784,7 +935,7 @@ impl Channel {
     /// it is `rdma://` (tests inject device events through them).
     #[cfg(all(test, feature = "verbs"))]
     pub(crate) fn verbs_queue(&self) -> Option<(crate::fabric::verbs::VerbsCq, u32)> {
-        let conn = self.inner.targets[0].current.load_full()?;
+        let conn = self.inner.targets.load().first()?.current.load_full()?;
         match &conn.client {
             ClientInner::Verbs(c) => Some((c.ep.cq.clone(), c.conn.qp_num)),
             ClientInner::Soft(_) => None,
@@ -797,6 +948,7 @@ impl Channel {
     pub fn stale_responses(&self) -> u64 {
         self.inner
             .targets
+            .load()
             .iter()
             .filter_map(|t| t.current.load_full())
             .map(|c| with_client!(&c.client, x => x.conn.stale_responses()))

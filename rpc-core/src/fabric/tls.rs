@@ -78,6 +78,25 @@ mod imp {
         }
     }
 
+    impl ClientTls {
+        /// These settings, checking `name` where they name no domain
+        /// (for endpoints whose URLs hold addresses a name resolved to).
+        pub(crate) fn with_default_domain(self, name: &str) -> Result<ClientTls, crate::Status> {
+            if self.domain.is_some() {
+                return Ok(self);
+            }
+            let domain = ServerName::try_from(name.to_owned()).map_err(|_| {
+                crate::Status::invalid_argument(format!(
+                    "{name:?} is not a valid TLS server name; set ClientTlsConfig::domain_name"
+                ))
+            })?;
+            Ok(ClientTls {
+                domain: Some(domain),
+                ..self
+            })
+        }
+    }
+
     /// One connection's TLS state: what rustls decrypted and has not been
     /// read yet, and what it encrypted and has not been written yet.
     pub struct Session(Box<rustls::Connection>);
@@ -574,6 +593,12 @@ mod imp {
     /// A client's TLS settings (this build has no TLS).
     #[derive(Debug, Clone)]
     pub enum ClientTls {}
+
+    impl ClientTls {
+        pub(crate) fn with_default_domain(self, _: &str) -> Result<ClientTls, crate::Status> {
+            match self {}
+        }
+    }
 
     /// One connection's TLS state (this build has no TLS).
     #[derive(Debug)]
