@@ -77,7 +77,7 @@ fn traces_continue_across_calls_and_metrics_count_them() {
     let log = Captured::default();
     let writer = log.clone();
     tracing_subscriber::fmt()
-        .with_env_filter("rpc_core=debug")
+        .with_env_filter("rpc_core=debug,observability=info")
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_ansi(false)
         .with_writer(move || writer.clone())
@@ -117,6 +117,15 @@ fn traces_continue_across_calls_and_metrics_count_them() {
             .wait()
             .unwrap();
 
+        // A handler that parks and resumes logs inside the call's span.
+        echo.echo(echo_request(
+            "parks",
+            vec![3],
+            &[("yield-log", "resumed in the handler")],
+        ))
+        .wait()
+        .unwrap();
+
         // A rejected call is counted with its code.
         let unknown = expect_code(
             echo.echo(echo_request("boom", vec![], &[("panic", "on purpose")]))
@@ -130,8 +139,16 @@ fn traces_continue_across_calls_and_metrics_count_them() {
         let text = log.text();
         let servers = trace_ids(&text, "rpc.server");
         let clients = trace_ids(&text, "rpc.client");
-        assert_eq!(servers.len(), 3, "{text}");
-        assert_eq!(clients.len(), 3, "{text}");
+        assert_eq!(servers.len(), 4, "{text}");
+        assert_eq!(clients.len(), 4, "{text}");
+        let resumed = text
+            .lines()
+            .find(|l| l.contains("resumed in the handler"))
+            .unwrap_or_else(|| panic!("no event from the resumed handler: {text}"));
+        assert!(
+            resumed.contains("rpc.server{"),
+            "not in the call's span: {resumed}"
+        );
         assert_eq!(servers[0], trace, "{text}");
         assert_eq!(clients[0], trace, "{text}");
         assert_ne!(servers[1], trace, "a new trace");
@@ -154,7 +171,7 @@ fn traces_continue_across_calls_and_metrics_count_them() {
                     "rpc_calls_started_total",
                     &[("side", side), method]
                 ),
-                3,
+                4,
                 "{side}"
             );
             assert_eq!(
@@ -163,7 +180,7 @@ fn traces_continue_across_calls_and_metrics_count_them() {
                     "rpc_calls_finished_total",
                     &[("side", side), method, ("code", "OK")]
                 ),
-                2,
+                3,
                 "{side}"
             );
             assert_eq!(
@@ -184,6 +201,6 @@ fn traces_continue_across_calls_and_metrics_count_them() {
                 _ => 0,
             })
             .sum::<usize>();
-        assert_eq!(durations, 6, "a duration per call and side");
+        assert_eq!(durations, 8, "a duration per call and side");
     });
 }

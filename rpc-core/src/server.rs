@@ -261,6 +261,15 @@ impl ServerCall {
         }
     }
 
+    /// The call's span: entered again each time its handler's task is
+    /// polled (a handler that parked resumes inside it), and on the
+    /// blocking pool.
+    fn span(&self) -> tracing::Span {
+        self.obs
+            .as_ref()
+            .map_or_else(tracing::Span::none, |o| o.span().clone())
+    }
+
     /// Answers a handler that panicked with `Internal`.
     fn reply_panic(self, panic: &(dyn std::any::Any + Send)) {
         let what = panic_message(panic);
@@ -394,15 +403,19 @@ impl ServerCall {
             Err(panic) => return self.reply_panic(&*panic),
         };
         let mut call = self;
-        run_task(async move {
-            // A unary handler that has to wait can hear of a cancel from
-            // then on (a stream's call is registered already).
-            let result = run_handler(future, || call.register_unary()).await;
-            match result {
-                Ok(result) => call.reply(result),
-                Err(panic) => call.reply_panic(&*panic),
-            }
-        });
+        let span = call.span();
+        run_task(tracing::Instrument::instrument(
+            async move {
+                // A unary handler that has to wait can hear of a cancel from
+                // then on (a stream's call is registered already).
+                let result = run_handler(future, || call.register_unary()).await;
+                match result {
+                    Ok(result) => call.reply(result),
+                    Err(panic) => call.reply_panic(&*panic),
+                }
+            },
+            span,
+        ));
     }
 
     /// Runs a handler whose response is a stream, then sends the stream.
@@ -418,13 +431,17 @@ impl ServerCall {
             Err(panic) => return self.reply_panic(&*panic),
         };
         let call = self;
-        run_task(async move {
-            match run_handler(future, || {}).await {
-                Ok(Ok(response)) => call.send_stream(response).await,
-                Ok(Err(status)) => call.reply_err(&status),
-                Err(panic) => call.reply_panic(&*panic),
-            }
-        });
+        let span = call.span();
+        run_task(tracing::Instrument::instrument(
+            async move {
+                match run_handler(future, || {}).await {
+                    Ok(Ok(response)) => call.send_stream(response).await,
+                    Ok(Err(status)) => call.reply_err(&status),
+                    Err(panic) => call.reply_panic(&*panic),
+                }
+            },
+            span,
+        ));
     }
 
     /// Sends the messages of a handler's response stream as the window
@@ -1263,9 +1280,13 @@ impl<F: Fabric> Role<F> for ServerRole {
         }
         if route.blocking {
             let service = route.service.clone();
+            let span = call.span();
             shared.pool.execute_for(
                 u64::from(conn.qp_num),
-                Box::new(move || call_service(&*service, call)),
+                Box::new(move || {
+                    let _in = span.enter();
+                    call_service(&*service, call)
+                }),
             );
         } else {
             call_service(&*route.service, call);

@@ -302,6 +302,8 @@ impl Probe {
 /// - `block`: wait until the test opens the gate named by the value;
 /// - `sleep-ms`: sleep that long before answering;
 /// - `panic`: panic with the value as message;
+/// - `yield-log`: park once (the handler resumes when woken), then log an
+///   event with the value as message;
 /// - `reply-len`: answer a payload of that many bytes and no metadata,
 ///   instead of the echo.
 ///
@@ -329,6 +331,11 @@ impl Echo for TestEcho {
         }
         if let Some(message) = md.get("panic") {
             panic!("{message}");
+        }
+        if let Some(message) = md.get("yield-log") {
+            let message = message.to_owned();
+            yield_once().await;
+            tracing::info!("{message}");
         }
         if md.get("who").is_some() {
             // Who called, as the server saw it.
@@ -536,4 +543,20 @@ pub fn allow_descriptors(n: u64) {
             assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
         }
     }
+}
+
+/// A future that is pending once (waking its task at once), then ready:
+/// a handler that awaits it parks and resumes.
+pub async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
