@@ -1,6 +1,7 @@
 //! Spans and metrics: a trace id set by a client appears in the server's
 //! span, one the client makes up goes across too, a handler's child call
-//! continues the trace, and the call metrics count what happened.
+//! continues the trace, a handler that parks resumes in its span, and the
+//! metrics count the calls and the bytes.
 //!
 //! One test: the tracing subscriber and the metrics recorder are global to
 //! the process.
@@ -193,6 +194,17 @@ fn traces_continue_across_calls_and_metrics_count_them() {
                 "{side}"
             );
         }
+        // Every frame one side sent, the other received (all small: no
+        // rendezvous, whose release frames count on their sender only).
+        let bytes = |name: &str, side: &str| counter(&metrics, name, &[("side", side)]);
+        let requests = bytes("rpc_bytes_sent_total", "client");
+        let replies = bytes("rpc_bytes_sent_total", "server");
+        assert!(
+            requests > 4 * 24 && replies > 4 * 24,
+            "{requests} {replies}"
+        );
+        assert_eq!(bytes("rpc_bytes_received_total", "server"), requests);
+        assert_eq!(bytes("rpc_bytes_received_total", "client"), replies);
         let durations = metrics
             .iter()
             .filter(|(k, _, _, _)| k.key().name() == "rpc_call_duration_seconds")

@@ -26,6 +26,8 @@
 //! | `rpc_connections` | gauge | connections open (`side`) |
 //! | `rpc_reconnects_total` | counter | connections a channel made again after a failure |
 //! | `rpc_backpressure_total` | counter | sends that found the peer's ring full and queued |
+//! | `rpc_bytes_sent_total` | counter | bytes of the frames sent (`side`): header, metadata and message, large messages read by the peer included |
+//! | `rpc_bytes_received_total` | counter | the same, received |
 //!
 //! Metrics are off until [`enable_metrics`] is called (after installing a
 //! recorder): off, a call pays one flag check for them.
@@ -195,6 +197,19 @@ pub(crate) fn reconnected() {
         return;
     }
     metrics::counter!("rpc_reconnects_total").increment(1);
+}
+
+/// Counts the bytes of a frame sent (`sent`) or received on `side`.
+pub(crate) fn bytes(side: Side, sent: bool, n: usize) {
+    if !metrics_on() {
+        return;
+    }
+    let name = if sent {
+        "rpc_bytes_sent_total"
+    } else {
+        "rpc_bytes_received_total"
+    };
+    metrics::counter!(name, "side" => side.label()).increment(n as u64);
 }
 
 /// Counts a send that found the peer's ring full.

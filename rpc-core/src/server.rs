@@ -1194,6 +1194,8 @@ struct ServerRole {
 }
 
 impl<F: Fabric> Role<F> for ServerRole {
+    const SIDE: Side = Side::Server;
+
     fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
         let h = frame.header;
         match h.kind {

@@ -1604,6 +1604,8 @@ impl ClientRole {
 }
 
 impl<F: Fabric> Role<F> for ClientRole {
+    const SIDE: crate::observe::Side = crate::observe::Side::Client;
+
     fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
         let h = frame.header;
         match h.kind {

@@ -4,6 +4,7 @@
 use super::*;
 use crate::auth::Peer;
 use crate::fabric::RemoteBuf;
+use crate::observe::Side;
 use crate::payload::Payload;
 use crate::protocol::header::{FLAG_LENT, LENT_LEN, Lent};
 use crate::protocol::staging_size;
@@ -157,6 +158,9 @@ pub(crate) struct Conn<F: Fabric> {
     /// writes (on rdma://, once its memory window is bound): a server sends
     /// nothing of its own accord before that.
     pub(super) heard: AtomicBool,
+    /// Which end of its connections this side is, for the byte counters
+    /// (set by the endpoint after construction).
+    pub(super) side: Side,
 }
 
 /// The queue pair goes first, whatever path drops a connection: the device
@@ -218,6 +222,7 @@ impl<F: Fabric> Conn<F> {
             stale: AtomicU64::new(0),
             buffers: Mutex::new(Vec::new()),
             heard: AtomicBool::new(false),
+            side: Side::Client,
         })
     }
 
@@ -353,10 +358,15 @@ impl<F: Fabric> Conn<F> {
             frame.kind,
             FrameKind::Request | FrameKind::Response | FrameKind::Message
         );
-        if lends && frame.payload_len > self.lend_above {
-            return self.send_lent(header, frame, fail_fast, cork, fill);
+        let sent = if lends && frame.payload_len > self.lend_above {
+            self.send_lent(header, frame, fail_fast, cork, fill)
+        } else {
+            self.stage(header, frame, fail_fast, cork, fill)
+        };
+        if sent.is_ok() {
+            crate::observe::bytes(self.side, true, HEADER_LEN + body);
         }
-        self.stage(header, frame, fail_fast, cork, fill)
+        sent
     }
 
     /// Sends a large message by rendezvous: its payload is encoded into a
@@ -621,6 +631,8 @@ impl<F: Fabric> Conn<F> {
         if header.is_lent() {
             return self.start_read(frame);
         }
+        let len = HEADER_LEN + header.metadata_len as usize + frame.payload.len();
+        crate::observe::bytes(self.side, false, len);
         {
             let mut rdv = self.rendezvous();
             if let Some(queue) = rdv.held.get_mut(&header.call_id) {
@@ -657,6 +669,7 @@ impl<F: Fabric> Conn<F> {
                 self.max_message
             ));
         }
+        crate::observe::bytes(self.side, false, HEADER_LEN + body);
         header.flags = 0;
         header.payload_len = lent.len;
         let (wr_id, src) = {

@@ -52,6 +52,8 @@ pub(crate) trait Role<F: Fabric>: Send + Sync + Sized + 'static {
     fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str);
     /// Timers: called when the poller wakes; returns when next to wake.
     fn on_tick(&self, ep: &Endpoint<F, Self>, now: Instant) -> Option<Instant>;
+    /// Which end of its connections this role is (for metrics).
+    const SIDE: crate::observe::Side;
 }
 
 /// What one turn of the completion queue works with. Whoever polls holds it,
@@ -203,6 +205,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             c,
         )?;
         conn.recvs = recvs;
+        conn.side = R::SIDE;
         if lends {
             conn.max_message = max_message;
             conn.lend_above = self.config.lend_above.min(largest(send_cap));
