@@ -200,6 +200,7 @@ pub(crate) fn reconnected() {
 }
 
 /// Counts the bytes of a frame sent (`sent`) or received on `side`.
+#[inline]
 pub(crate) fn bytes(side: Side, sent: bool, n: usize) {
     if !metrics_on() {
         return;

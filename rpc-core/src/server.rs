@@ -404,18 +404,15 @@ impl ServerCall {
         };
         let mut call = self;
         let span = call.span();
-        run_task(tracing::Instrument::instrument(
-            async move {
-                // A unary handler that has to wait can hear of a cancel from
-                // then on (a stream's call is registered already).
-                let result = run_handler(future, || call.register_unary()).await;
-                match result {
-                    Ok(result) => call.reply(result),
-                    Err(panic) => call.reply_panic(&*panic),
-                }
-            },
-            span,
-        ));
+        run_task(span, async move {
+            // A unary handler that has to wait can hear of a cancel from
+            // then on (a stream's call is registered already).
+            let result = run_handler(future, || call.register_unary()).await;
+            match result {
+                Ok(result) => call.reply(result),
+                Err(panic) => call.reply_panic(&*panic),
+            }
+        });
     }
 
     /// Runs a handler whose response is a stream, then sends the stream.
@@ -432,16 +429,13 @@ impl ServerCall {
         };
         let call = self;
         let span = call.span();
-        run_task(tracing::Instrument::instrument(
-            async move {
-                match run_handler(future, || {}).await {
-                    Ok(Ok(response)) => call.send_stream(response).await,
-                    Ok(Err(status)) => call.reply_err(&status),
-                    Err(panic) => call.reply_panic(&*panic),
-                }
-            },
-            span,
-        ));
+        run_task(span, async move {
+            match run_handler(future, || {}).await {
+                Ok(Ok(response)) => call.send_stream(response).await,
+                Ok(Err(status)) => call.reply_err(&status),
+                Err(panic) => call.reply_panic(&*panic),
+            }
+        });
     }
 
     /// Sends the messages of a handler's response stream as the window
@@ -616,10 +610,21 @@ fn give_signal(mut signal: Arc<Signal>) {
 
 /// Runs a handler's task: on a dispatcher, to completion there (parking
 /// while it waits); elsewhere (the blocking pool), blocking the thread.
-fn run_task(task: impl Future<Output = ()> + Send + 'static) {
-    match Executor::current() {
-        Some(exec) => exec.spawn(task),
-        None => executor::block_on(task),
+/// Runs a call's task: on this dispatcher (parking if it waits), or to
+/// completion off one. With its `span` enabled, every poll enters it, so
+/// a handler that resumes logs inside its call; disabled, the task runs
+/// as it is.
+fn run_task(span: tracing::Span, task: impl Future<Output = ()> + Send + 'static) {
+    fn run(task: impl Future<Output = ()> + Send + 'static) {
+        match Executor::current() {
+            Some(exec) => exec.spawn(task),
+            None => executor::block_on(task),
+        }
+    }
+    if span.is_disabled() {
+        run(task)
+    } else {
+        run(tracing::Instrument::instrument(task, span))
     }
 }
 

@@ -382,6 +382,7 @@ impl Handle {
         Channel {
             inner: Arc::new(Handle {
                 url: target.url.to_string(),
+                single: Some(target.clone()),
                 targets: ArcSwap::from_pointee(vec![target]),
                 settings: Arc::new(super::Settings {
                     config: self.settings.config.clone(),

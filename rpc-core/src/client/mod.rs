@@ -77,6 +77,9 @@ pub struct Channel {
 struct Handle {
     /// One per endpoint: fixed, or replaced each time the resolver answers.
     targets: ArcSwap<Vec<Arc<Target>>>,
+    /// The one endpoint of a channel of one fixed URL (the usual case),
+    /// which calls reach without loading `targets`.
+    single: Option<Arc<Target>>,
     settings: Arc<Settings>,
     /// The endpoints as given, comma-separated (or the resolver's name).
     url: String,
@@ -571,8 +574,13 @@ impl ChannelBuilder {
                 (resolving.name(), Some(resolving), tls)
             }
         };
+        let single = match (&resolver, targets.as_slice()) {
+            (None, [only]) => Some(only.clone()),
+            _ => None,
+        };
         Ok(Channel {
             inner: Arc::new(Handle {
+                single,
                 targets: ArcSwap::from_pointee(targets),
                 settings: Arc::new(Settings {
                     config: self.config,
@@ -602,19 +610,13 @@ impl Handle {
     /// A live connection for the next call, as [`Balance`] says; marks the
     /// dead ones it meets for reconnection.
     fn pick(self: &Arc<Self>) -> Result<Arc<Connection>, Status> {
+        if let Some(target) = &self.single {
+            return self.pick_from(target);
+        }
         let targets = self.targets.load();
         let n = targets.len();
         if n == 1 {
-            let target = &targets[0];
-            return match target.usable() {
-                Some(c) if c.is_alive() => Ok(c),
-                dead => {
-                    if let Some(c) = dead {
-                        self.lost(target, &c);
-                    }
-                    Err(self.unavailable())
-                }
-            };
+            return self.pick_from(&targets[0]);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut best: Option<Arc<Connection>> = None;
@@ -641,6 +643,19 @@ impl Handle {
             }
         }
         best.ok_or_else(|| self.unavailable())
+    }
+
+    /// `target`'s live connection, if it serves; a dead one is taken out.
+    fn pick_from(self: &Arc<Self>, target: &Arc<Target>) -> Result<Arc<Connection>, Status> {
+        match target.usable() {
+            Some(c) if c.is_alive() => Ok(c),
+            dead => {
+                if let Some(c) = dead {
+                    self.lost(target, &c);
+                }
+                Err(self.unavailable())
+            }
+        }
     }
 
     /// The status of a call made with no connection up.
