@@ -5,8 +5,14 @@
 mod common;
 
 use common::*;
+use examples::echo::StreamRequest;
 use examples::echo::echo_client::EchoClient;
-use rpc_core::{Backoff, Balance, Channel, Code, ServerHandle};
+use examples::route_guide::RouteGuideService;
+use examples::routeguide::route_guide_client::RouteGuideClient;
+use examples::routeguide::route_guide_server::RouteGuideServer;
+use examples::routeguide::{Point, RouteNote};
+use futures::StreamExt;
+use rpc_core::{Backoff, Balance, Channel, Code, Request, ServerHandle, Status};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -163,6 +169,117 @@ on_every_fabric! {
         assert_eq!(waiting.join().unwrap().unwrap(), vec![2]);
         assert_eq!(awaited.join().unwrap().unwrap(), vec![3]);
         assert!(channel.is_connected());
+        drop(server);
+    }
+}
+
+/// The test service and the route guide (streams of every kind).
+fn stream_server(probe: &Arc<Probe>) -> rpc_core::ServerBuilder {
+    test_server(probe).add_service(RouteGuideServer::new(RouteGuideService::new()))
+}
+
+fn point(latitude: i32) -> Point {
+    Point {
+        latitude,
+        longitude: 1,
+    }
+}
+
+on_every_fabric! {
+    fn wait_for_ready_streams_start_when_the_server_comes(url: &str) {
+        let probe = Probe::new();
+        let server = serve(stream_server(&probe), url);
+        let address = server.local_url().to_owned();
+        server.shutdown();
+        let channel = Channel::builder(&address)
+            .wait_for_ready(true)
+            .timeout(LIMIT)
+            .connect_lazy()
+            .unwrap();
+        let echo = EchoClient::new(channel.clone());
+        let guide = RouteGuideClient::new(channel.clone());
+
+        // A stream that does not wait fails at once; one that waits ends
+        // at its deadline.
+        let mut request = Request::new(StreamRequest { count: 1, size: 8 });
+        request.set_wait_for_ready(false);
+        let e = echo.stream(request).blocking_message().unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e}");
+        let mut request = Request::new(StreamRequest { count: 1, size: 8 });
+        request.set_timeout(Duration::from_millis(200));
+        let started = Instant::now();
+        let e = echo.stream(request).blocking_message().unwrap_err();
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(190), "{:?}", started.elapsed());
+
+        // Every kind of stream waits for the server, blocking or awaited.
+        let served = {
+            let echo = echo.clone();
+            std::thread::spawn(move || {
+                echo.stream(StreamRequest { count: 5, size: 8 })
+                    .into_iter()
+                    .map(|m| m.map(|m| m.payload[0]))
+                    .collect::<Result<Vec<u8>, Status>>()
+            })
+        };
+        let recorded = {
+            let guide = guide.clone();
+            std::thread::spawn(move || {
+                let (mut tx, call) = guide.record_route_sender(());
+                for latitude in 0..3 {
+                    tx.send(point(latitude))?;
+                }
+                tx.close()?;
+                call.wait().map(|s| s.into_inner().point_count)
+            })
+        };
+        let empty = {
+            let guide = guide.clone();
+            std::thread::spawn(move || {
+                // Closed before the stream could start: it starts closed.
+                let (tx, call) = guide.record_route_sender(());
+                tx.close()?;
+                call.wait().map(|s| s.into_inner().point_count)
+            })
+        };
+        let chatted = {
+            let guide = guide.clone();
+            std::thread::spawn(move || {
+                let notes = (0..3).map(|i| RouteNote {
+                    location: Some(point(7)),
+                    message: format!("n{i}"),
+                });
+                futures::executor::block_on(
+                    guide
+                        .route_chat(futures::stream::iter(notes))
+                        .collect::<Vec<_>>(),
+                )
+                .into_iter()
+                .collect::<Result<Vec<_>, Status>>()
+                .map(|notes| notes.len())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        for t in [&served.is_finished(), &recorded.is_finished(), &empty.is_finished(), &chatted.is_finished()] {
+            assert!(!t, "a stream finished without a server");
+        }
+        let server = {
+            let deadline = Instant::now() + LIMIT;
+            loop {
+                match stream_server(&probe).serve(&address) {
+                    Ok(server) => break server,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("serve again on {address}: {e}"),
+                }
+            }
+        };
+        assert_eq!(served.join().unwrap().unwrap(), [0, 1, 2, 3, 4]);
+        assert_eq!(recorded.join().unwrap().unwrap(), 3);
+        assert_eq!(empty.join().unwrap().unwrap(), 0);
+        // Each note brings back the earlier ones at its place: 0 + 1 + 2.
+        assert_eq!(chatted.join().unwrap().unwrap(), 3);
         drop(server);
     }
 }

@@ -88,8 +88,8 @@ impl<T> Request<T> {
         self.fail_fast
     }
 
-    /// When `true`, a unary call made while its channel has no connection
-    /// up waits for one (until its deadline) instead of failing at once
+    /// When `true`, a call or stream made while its channel has no
+    /// connection up waits for one (until its deadline) instead of failing at once
     /// with `Unavailable`: gRPC's wait-for-ready. Unset, the channel's
     /// [`ChannelBuilder::wait_for_ready`](crate::ChannelBuilder::wait_for_ready)
     /// decides.

@@ -757,6 +757,130 @@ where
     }
 }
 
+/// What a stream opened later needs: its parts, as a call that starts at
+/// once has them.
+pub(crate) struct StreamParts {
+    pub(crate) core: Arc<StreamCore>,
+    pub(crate) link: Arc<dyn Link>,
+    pub(crate) call_id: CallId,
+    pub(crate) owner: Option<Arc<dyn CallOwner>>,
+    pub(crate) pump: Option<Box<dyn Pump>>,
+    /// The request sender's outbox, for a stream with a [`RequestSender`].
+    pub(crate) outbox: Option<Outbox>,
+}
+
+/// Starts a stream once it can: polled by whichever of its handles is
+/// used first; `Pending` while it waits (its waker registered).
+pub(crate) type Opener =
+    Box<dyn FnMut(&mut Context<'_>) -> Poll<Result<StreamParts, Status>> + Send>;
+
+/// A client stream that waits for a connection before it starts
+/// (wait-for-ready): shared by its [`Streaming`] and its
+/// [`RequestSender`], each of which drives it and takes its own parts
+/// once it has started.
+pub(crate) struct Opening {
+    state: Mutex<OpeningState>,
+    /// The request sender was closed or dropped before the stream started:
+    /// it half-closes as it starts.
+    sender_done: AtomicBool,
+}
+
+enum OpeningState {
+    Waiting(Opener),
+    Open {
+        /// Core, link, id, owner and pump, until the `Streaming` takes them.
+        stream: Option<StreamParts>,
+    },
+    Failed(Status),
+}
+
+impl Opening {
+    pub(crate) fn new(opener: Opener) -> Arc<Opening> {
+        Arc::new(Opening {
+            state: Mutex::new(OpeningState::Waiting(opener)),
+            sender_done: AtomicBool::new(false),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, OpeningState> {
+        lock(&self.state)
+    }
+
+    /// Drives the opener: `Ready(Ok)` once the stream has started.
+    fn poll_open(&self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        let mut st = self.state();
+        let OpeningState::Waiting(opener) = &mut *st else {
+            return Poll::Ready(match &*st {
+                OpeningState::Failed(status) => Err(status.clone()),
+                _ => Ok(()),
+            });
+        };
+        match opener(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(mut parts)) => {
+                if self.sender_done.load(Ordering::Acquire) {
+                    if let Some(outbox) = parts.outbox.take() {
+                        let _ = outbox.half_close();
+                    }
+                }
+                *st = OpeningState::Open {
+                    stream: Some(parts),
+                };
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(status)) => {
+                *st = OpeningState::Failed(status.clone());
+                Poll::Ready(Err(status))
+            }
+        }
+    }
+
+    /// The started stream's parts but the outbox (once).
+    fn take_stream(&self) -> Option<StreamParts> {
+        match &mut *self.state() {
+            OpeningState::Open { stream } => stream.as_mut().map(|p| StreamParts {
+                core: p.core.clone(),
+                link: p.link.clone(),
+                call_id: p.call_id,
+                owner: p.owner.take(),
+                pump: p.pump.take(),
+                outbox: None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The request sender is done before it had the outbox: the stream
+    /// half-closes as it starts (or now, if it has).
+    fn sender_done(&self) {
+        self.sender_done.store(true, Ordering::Release);
+        if let Some(outbox) = self.take_outbox() {
+            let _ = outbox.half_close();
+        }
+    }
+
+    /// The started stream's request outbox (once).
+    fn take_outbox(&self) -> Option<Outbox> {
+        match &mut *self.state() {
+            OpeningState::Open { stream: Some(p) } => p.outbox.take(),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Opening {
+    /// A stream that started but whose `Streaming` was gone first: its
+    /// call is let go of (cancelled if live), as the `Streaming` would.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let OpeningState::Open { stream: Some(p) } = st {
+            if let Some(owner) = p.owner.take() {
+                owner.release(p.call_id);
+            }
+        }
+    }
+}
+
 /// What a client stream's handle does on drop, and how it turns the
 /// completion queue itself (see `Channel`).
 pub(crate) trait CallOwner: Send + Sync {
@@ -790,6 +914,9 @@ pub struct Streaming<T> {
     core: Arc<StreamCore>,
     link: Arc<dyn Link>,
     call_id: CallId,
+    /// A call waiting for a connection (wait-for-ready): the parts above
+    /// are placeholders until it starts.
+    opening: Option<Arc<Opening>>,
     /// The client's call, released on drop.
     owner: Option<Arc<dyn CallOwner>>,
     /// The request stream of a bidirectional call, driven while this is polled.
@@ -822,12 +949,54 @@ impl<T> Streaming<T> {
             core,
             link,
             call_id,
+            opening: None,
             owner,
             pump,
             batch: None,
             finished: false,
             _t: PhantomData,
         }
+    }
+
+    /// A stream that starts when `opening` has (see [`Opening`]).
+    pub(crate) fn waiting(opening: Arc<Opening>) -> Streaming<T> {
+        let mut stream = Streaming::new(
+            StreamCore::new(crate::protocol::stream::DEFAULT_WINDOW, false),
+            Arc::new(NoLink),
+            CallId(0),
+            None,
+            None,
+        );
+        stream.opening = Some(opening);
+        stream
+    }
+
+    /// Drives a waiting stream's start: `Ready` once it has started (its
+    /// parts in place) or failed (its core holding the status).
+    fn poll_opened(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(opening) = &self.opening else {
+            return Poll::Ready(());
+        };
+        let opened = match opening.poll_open(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(opened) => opened,
+        };
+        let opening = self.opening.take().expect("checked above");
+        match opened.map(|()| opening.take_stream()) {
+            Ok(Some(parts)) => {
+                self.core = parts.core;
+                self.link = parts.link;
+                self.call_id = parts.call_id;
+                self.owner = parts.owner;
+                self.pump = parts.pump;
+            }
+            Ok(None) => {
+                self.core =
+                    StreamCore::failed(Status::internal("the stream's start was taken twice"));
+            }
+            Err(status) => self.core = StreamCore::failed(status),
+        }
+        Poll::Ready(())
     }
 
     /// A stream that yields `status` and ends (a call that could not start).
@@ -868,6 +1037,9 @@ impl<T> Streaming<T> {
 
     /// Polls for the next raw message, driving the request pump first.
     fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
+        if self.poll_opened(cx).is_pending() {
+            return Poll::Pending;
+        }
         if let Some(message) = self.next_in_batch() {
             return Poll::Ready(Some(Ok(message)));
         }
@@ -1043,6 +1215,9 @@ impl<T> Unpin for ClientStreamingCall<T> {}
 /// tells the server the request stream is complete.
 pub struct RequestSender<T> {
     outbox: Outbox,
+    /// A call waiting for a connection: `outbox` is taken from it once it
+    /// has started.
+    opening: Option<Arc<Opening>>,
     closed: bool,
     _t: PhantomData<fn(T)>,
 }
@@ -1060,9 +1235,34 @@ impl<T: prost::Message> RequestSender<T> {
     pub(crate) fn new(outbox: Outbox) -> RequestSender<T> {
         RequestSender {
             outbox,
+            opening: None,
             closed: false,
             _t: PhantomData,
         }
+    }
+
+    /// The sender of a stream that starts when `opening` has.
+    pub(crate) fn waiting(opening: Arc<Opening>) -> RequestSender<T> {
+        RequestSender {
+            outbox: Outbox::closed(),
+            opening: Some(opening),
+            closed: false,
+            _t: PhantomData,
+        }
+    }
+
+    /// Waits for a waiting stream to start and takes its outbox.
+    async fn opened(&mut self) -> Result<(), Status> {
+        let Some(opening) = &self.opening else {
+            return Ok(());
+        };
+        let opened = std::future::poll_fn(|cx| opening.poll_open(cx)).await;
+        let opening = self.opening.take().expect("checked above");
+        opened?;
+        if let Some(outbox) = opening.take_outbox() {
+            self.outbox = outbox;
+        }
+        Ok(())
     }
 
     /// Sends `message`, waiting while the stream's window is full. Fails
@@ -1072,6 +1272,7 @@ impl<T: prost::Message> RequestSender<T> {
         if self.closed {
             return Err(Status::failed_precondition("the request stream is closed"));
         }
+        self.opened().await?;
         let sent = std::future::poll_fn(|cx| self.outbox.poll_send(cx, &message)).await;
         self.outbox.flush();
         sent
@@ -1082,9 +1283,14 @@ impl<T: prost::Message> RequestSender<T> {
         crate::executor::wait_on(self.send_async(message))
     }
 
-    /// Tells the server the request stream is complete.
+    /// Tells the server the request stream is complete (for a call still
+    /// waiting for a connection, once it has started).
     pub fn close(mut self) -> Result<(), Status> {
         self.closed = true;
+        if let Some(opening) = self.opening.take() {
+            opening.sender_done();
+            return Ok(());
+        }
         self.outbox.half_close()
     }
 }
@@ -1093,7 +1299,13 @@ impl<T> Drop for RequestSender<T> {
     fn drop(&mut self) {
         if !self.closed {
             self.closed = true;
-            let _ = self.outbox.half_close();
+            // Still waiting: the stream half-closes as it starts.
+            match self.opening.take() {
+                Some(opening) => opening.sender_done(),
+                None => {
+                    let _ = self.outbox.half_close();
+                }
+            }
         }
     }
 }

@@ -17,8 +17,8 @@ use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, CallTable, FrameKind};
 use crate::slot::SlotPool;
 use crate::streaming::{
-    CallOwner, ClientStreamingCall, Link, Outbox, Pump, RequestPump, RequestSender, StreamCore,
-    Streaming, send_control,
+    CallOwner, ClientStreamingCall, Link, Opening, Outbox, Pump, RequestPump, RequestSender,
+    StreamCore, StreamParts, Streaming, send_control,
 };
 use crate::{Code, Metadata, Request, Response, Status};
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -64,7 +64,7 @@ use std::time::{Duration, Instant};
 /// thread of its own. Meanwhile new calls fail at once with `Unavailable`
 /// (naming the last failure), or, when the call or channel asks for it
 /// ([`Request::set_wait_for_ready`], [`ChannelBuilder::wait_for_ready`]: gRPC's
-/// wait-for-ready), a unary call waits for a connection until its
+/// wait-for-ready), a call or stream waits for a connection until its
 /// deadline. With several endpoints, calls go to those connected (round
 /// robin, or to the one with the fewest calls outstanding, see
 /// [`Balance`]) while the others reconnect.
@@ -166,6 +166,51 @@ pub enum Balance {
     /// The connected endpoint with the fewest calls and streams
     /// outstanding on this channel (ties in turn).
     LeastOutstanding,
+}
+
+/// A stream started on a connection: its id, core, connection and
+/// observation.
+type StreamStarted = (CallId, Arc<StreamCore>, Arc<Connection>, CallObs);
+
+/// Starts a stream once a connection is up (`Pending` meanwhile, its
+/// waker registered).
+type StreamOpener = Box<dyn FnMut(&mut Context<'_>) -> Poll<Result<StreamStarted, Status>> + Send>;
+
+/// How a stream's start went: now (started or failed), or later, once a
+/// connection is up (wait-for-ready), by polling the opener.
+enum Opened {
+    Now(Result<StreamStarted, Status>),
+    Later(StreamOpener),
+}
+
+/// An encoded message, sent as it is (the first request of a stream that
+/// waited for a connection).
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Encoded(Vec<u8>);
+
+impl prost::Message for Encoded {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // Never decoded: only sent.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 /// One connection of a channel, shared by the calls made on it.
@@ -382,10 +427,12 @@ impl ChannelBuilder {
         self
     }
 
-    /// Whether unary calls made while no connection is up wait for one,
-    /// until their deadline (gRPC's wait-for-ready), instead of failing at
-    /// once with `Unavailable` (default `false`; a call may choose with
-    /// [`Request::set_wait_for_ready`]). Streams always fail at once.
+    /// Whether calls and streams made while no connection is up wait for
+    /// one, until their deadline (gRPC's wait-for-ready), instead of
+    /// failing at once with `Unavailable` (default `false`; a call may
+    /// choose with [`Request::set_wait_for_ready`]). A waiting stream
+    /// starts on the first connection up: its `Streaming` and its request
+    /// sender wait for it, whichever is used first.
     pub fn wait_for_ready(mut self, wait: bool) -> Self {
         self.wait_for_ready = wait;
         self
@@ -1051,12 +1098,14 @@ impl Channel {
         Req: prost::Message,
     {
         let timeout = request.budget(self.inner.default_timeout);
+        let wait = self.waits_for_ready(&request);
         let opened = self.open_stream(
             method,
             request.metadata(),
             timeout,
             Some(request.get_ref()),
             false,
+            wait,
         );
         Self::incoming(opened, |_| None)
     }
@@ -1133,9 +1182,10 @@ impl Channel {
         S::Item: prost::Message + Send,
     {
         let timeout = request.budget(self.inner.default_timeout);
+        let wait = self.waits_for_ready(&request);
         let metadata = request.metadata().clone();
         let stream = request.into_inner();
-        let opened = self.open_stream::<()>(method, &metadata, timeout, None, final_message);
+        let opened = self.open_stream::<()>(method, &metadata, timeout, None, final_message, wait);
         Self::incoming(opened, move |outbox| {
             Some(Box::new(RequestPump::new(stream, outbox)) as Box<dyn Pump>)
         })
@@ -1149,17 +1199,45 @@ impl Channel {
         final_message: bool,
     ) -> (RequestSender<Req>, Streaming<Resp>) {
         let timeout = request.budget(self.inner.default_timeout);
-        let opened =
-            self.open_stream::<()>(method, request.metadata(), timeout, None, final_message);
-        let mut sender = None;
-        let stream = Self::incoming(opened, |outbox| {
-            sender = Some(RequestSender::new(outbox));
-            None
-        });
-        let sender = sender.unwrap_or_else(|| RequestSender::new(Outbox::closed()));
-        (sender, stream)
+        let wait = self.waits_for_ready(&request);
+        let opened = self.open_stream::<()>(
+            method,
+            request.metadata(),
+            timeout,
+            None,
+            final_message,
+            wait,
+        );
+        let mut opener = match opened {
+            Opened::Now(Ok(started)) => {
+                let (parts, outbox) = Self::parts(started);
+                let stream =
+                    Streaming::new(parts.core, parts.link, parts.call_id, parts.owner, None);
+                return (RequestSender::new(outbox), stream);
+            }
+            Opened::Now(Err(status)) => {
+                return (
+                    RequestSender::new(Outbox::closed()),
+                    Streaming::failed(status),
+                );
+            }
+            Opened::Later(opener) => opener,
+        };
+        let opening = Opening::new(Box::new(move |cx| {
+            opener(cx).map(|started| {
+                let (mut parts, outbox) = Self::parts(started?);
+                parts.outbox = Some(outbox);
+                Ok(parts)
+            })
+        }));
+        (
+            RequestSender::waiting(opening.clone()),
+            Streaming::waiting(opening),
+        )
     }
 
+    /// Starts a stream on a connection now, or, for a call that waits for
+    /// ready when none is up, later (see [`Opened::Later`]).
     fn open_stream<Req: prost::Message>(
         &self,
         method: &'static MethodDescriptor,
@@ -1167,54 +1245,151 @@ impl Channel {
         timeout: Option<Duration>,
         first: Option<&Req>,
         final_message: bool,
-    ) -> Result<(CallId, Arc<StreamCore>, Arc<Connection>, CallObs), Status> {
-        let mut owned;
-        let mut metadata = metadata;
+        wait: bool,
+    ) -> Opened {
+        let mut owned = metadata.clone();
         if !self.inner.interceptors.is_empty() {
-            owned = metadata.clone();
-            self.intercept(method, &mut owned)?;
-            metadata = &owned;
+            if let Err(status) = self.intercept(method, &mut owned) {
+                return Opened::Now(Err(status));
+            }
         }
-        let (mut obs, trace) = CallObs::client(method.path, &self.inner.url, metadata);
+        let (mut obs, trace) = CallObs::client(method.path, &self.inner.url, &owned);
         if let Some(trace) = trace {
-            owned = metadata.clone();
             let _ = owned.insert(TRACEPARENT, trace);
-            metadata = &owned;
         }
         let _in = obs.span().clone().entered();
-        let started = self.inner.pick().and_then(|conn| {
-            let (id, core) = with_client!(&conn.client, c => c.start_stream(method, metadata, timeout, first, final_message))?;
-            Ok((id, core, conn))
-        });
-        match started {
-            Ok((id, core, conn)) => Ok((id, core, conn, obs)),
+        let picked = self.inner.pick();
+        let conn = match picked {
+            Ok(conn) => conn,
+            Err(_) if wait => {
+                let first = first.map(|m| Encoded(m.encode_to_vec()));
+                return Opened::Later(Self::opener(
+                    self.inner.clone(),
+                    method,
+                    owned,
+                    timeout.map(|t| Instant::now() + t),
+                    first,
+                    final_message,
+                    obs,
+                ));
+            }
+            Err(status) => {
+                obs.finish(status.code());
+                return Opened::Now(Err(status));
+            }
+        };
+        let started = with_client!(&conn.client, c => c.start_stream(method, &owned, timeout, first, final_message));
+        Opened::Now(match started {
+            Ok((id, core)) => Ok((id, core, conn, obs)),
             Err(status) => {
                 obs.finish(status.code());
                 Err(status)
             }
-        }
+        })
+    }
+
+    /// Starts a stream waiting for a connection once one is up, or fails it
+    /// with `DeadlineExceeded` at `deadline`.
+    fn opener(
+        handle: Arc<Handle>,
+        method: &'static MethodDescriptor,
+        metadata: Metadata,
+        deadline: Option<Instant>,
+        first: Option<Encoded>,
+        final_message: bool,
+        obs: CallObs,
+    ) -> StreamOpener {
+        let mut obs = Some(obs);
+        let waiting = handle.clone();
+        let mut try_start = move || -> Option<Result<StreamStarted, Status>> {
+            let timeout = match deadline {
+                Some(at) => match at.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => {
+                        let status = Status::deadline_exceeded(format!(
+                            "deadline exceeded waiting for a connection ({})",
+                            handle.unavailable().message()
+                        ));
+                        if let Some(mut obs) = obs.take() {
+                            obs.finish(status.code());
+                        }
+                        return Some(Err(status));
+                    }
+                },
+                None => None,
+            };
+            let conn = handle.pick().ok()?;
+            let mut obs = obs.take()?;
+            let started = {
+                let _in = obs.span().clone().entered();
+                with_client!(&conn.client, c => c.start_stream(method, &metadata, timeout, first.as_ref(), final_message))
+            };
+            Some(match started {
+                Ok((id, core)) => Ok((id, core, conn, obs)),
+                Err(status) => {
+                    obs.finish(status.code());
+                    Err(status)
+                }
+            })
+        };
+        Box::new(move |cx| {
+            if let Some(started) = try_start() {
+                return Poll::Ready(started);
+            }
+            waiting.ready.register(cx.waker(), deadline);
+            // A connection that came up before the waker was in place.
+            match try_start() {
+                Some(started) => Poll::Ready(started),
+                None => Poll::Pending,
+            }
+        })
     }
 
     /// The consumer's end of an opened stream; `pump` makes the request
     /// side from the stream's outbox.
     fn incoming<Resp>(
-        opened: Result<(CallId, Arc<StreamCore>, Arc<Connection>, CallObs), Status>,
-        pump: impl FnOnce(Outbox) -> Option<Box<dyn Pump>>,
+        opened: Opened,
+        pump: impl FnOnce(Outbox) -> Option<Box<dyn Pump>> + Send + 'static,
     ) -> Streaming<Resp> {
-        let (id, core, conn, obs) = match opened {
-            Ok(opened) => opened,
-            Err(status) => return Streaming::failed(status),
+        let started = match opened {
+            Opened::Now(Ok(started)) => started,
+            Opened::Now(Err(status)) => return Streaming::failed(status),
+            Opened::Later(mut opener) => {
+                let mut pump = Some(pump);
+                return Streaming::waiting(Opening::new(Box::new(move |cx| {
+                    opener(cx).map(|started| {
+                        let (mut parts, outbox) = Self::parts(started?);
+                        parts.pump = pump.take().and_then(|p| p(outbox));
+                        Ok(parts)
+                    })
+                })));
+            }
         };
+        let (parts, outbox) = Self::parts(started);
+        let pump = pump(outbox);
+        Streaming::new(parts.core, parts.link, parts.call_id, parts.owner, pump)
+    }
+
+    /// What a started stream's handles hold, and its request outbox.
+    fn parts(started: StreamStarted) -> (StreamParts, Outbox) {
+        let (id, core, conn, obs) = started;
         let link: Arc<dyn Link> = with_client!(&conn.client, c => c.conn.clone());
         let outbox = Outbox::new(core.clone(), link.clone(), id, 0, None);
-        let pump = pump(outbox);
         conn.outstanding.fetch_add(1, Ordering::Relaxed);
         let owner: Arc<dyn CallOwner> = Arc::new(StreamOwner {
             conn,
             core: core.clone(),
             obs,
         });
-        Streaming::new(core, link, id, Some(owner), pump)
+        let parts = StreamParts {
+            core,
+            link,
+            call_id: id,
+            owner: Some(owner),
+            pump: None,
+            outbox: None,
+        };
+        (parts, outbox)
     }
 }
 
