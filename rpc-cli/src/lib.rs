@@ -17,15 +17,13 @@
 //! The binary is a thin wrapper of [`run`], which the tests call directly.
 
 mod describe;
-mod raw;
 
 use prost::Message as _;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
-use raw::RawMessage;
 use rpc_core::codegen::{MethodDescriptor, MethodKind, method_id};
 use rpc_core::reflection::ReflectionClient;
 use rpc_core::tls::{Certificate, ClientTlsConfig, Identity};
-use rpc_core::{Channel, Code, Request, Status};
+use rpc_core::{Channel, Code, RawMessage, Request, Status};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -66,6 +66,7 @@ mod payload;
 pub mod protocol;
 #[cfg(not(feature = "testing"))]
 mod protocol;
+mod raw;
 pub mod reflection;
 mod request;
 pub mod server;
@@ -125,6 +126,7 @@ pub use dispatch::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 /// what streaming handlers return and streaming calls take.
 pub use futures_core::Stream;
 pub use metadata::{InvalidMetadataKey, Metadata};
+pub use raw::RawMessage;
 pub use request::{IntoRequest, Request, Response, Trailers};
 pub use server::{MethodKind, Server, ServerBuilder, ServerCall, ServerHandle, Service};
 pub use status::{Code, Status};

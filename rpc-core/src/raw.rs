@@ -1,14 +1,16 @@
 //! A message whose type is known only at run time: its encoded bytes,
-//! passed through the typed call API unchanged.
+//! passed through the typed call API unchanged (the `rpc` tool, the gRPC
+//! face and proxies).
 
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{self, DecodeContext, WireType, encode_key, encode_varint};
 use prost::{DecodeError, Message};
 
-/// Encoded protobuf bytes, sent and received as they are; decoded with a
-/// `prost_reflect::DynamicMessage` afterwards.
+/// Encoded protobuf bytes, sent and received as they are: a message of
+/// any type, for code that learns types at run time (decode them with
+/// `prost-reflect`, say) or passes messages on without looking.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct RawMessage(pub(crate) Vec<u8>);
+pub struct RawMessage(pub Vec<u8>);
 
 impl Message for RawMessage {
     fn encode_raw(&self, buf: &mut impl BufMut) {
