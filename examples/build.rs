@@ -27,6 +27,27 @@ fn main() -> io::Result<()> {
 
     rpc_codegen::compile_protos(&protos, &[&proto])?;
 
+    // Stock gRPC (tonic) clients and servers of the same files, for the
+    // tests of the gRPC face: what another team's tonic code would be.
+    let tonic_out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("tonic");
+    std::fs::create_dir_all(&tonic_out)?;
+    let health = proto.join("../rpc-core/proto");
+    let fds = protox::compile(
+        [
+            proto.join("kv.proto"),
+            proto.join("route_guide.proto"),
+            health.join("grpc/health/v1/health.proto"),
+        ],
+        [&proto, &health],
+    )
+    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{e:?}")))?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .build_transport(true)
+        .out_dir(&tonic_out)
+        .compile_fds(fds)?;
+
     // The prost options real projects pass, into a directory of their own
     // (`acme.common` is referenced, not generated again).
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("options");

@@ -70,7 +70,7 @@ fn identity(cert: Option<String>, key: Option<String>) -> Option<Identity> {
 }
 
 /// The main of a server binary `name`: takes `--listen URL` (and TLS
-/// options), serves `service` and the standard health service (reporting
+/// options, and `--grpc HOST:PORT` for a gRPC face), serves `service` and the standard health service (reporting
 /// the service as serving) and the reflection service (so that `rpc list`
 /// and `rpc call` work against it) on it, until SIGINT or SIGTERM: then it reports
 /// the service as not serving, stops accepting, lets calls in flight
@@ -80,17 +80,20 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
     // only `wait_for_termination` receives them.
     let signals = block_termination_signals();
     let usage = format!(
-        "usage: {name} --listen URL [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+        "usage: {name} --listen URL [--grpc HOST:PORT] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
   URL: tcp://host:port, rdma://host:port or mem://name
+  --grpc HOST:PORT                serve standard gRPC (HTTP/2) there too, for gRPC clients and probes
   --tls-cert FILE --tls-key FILE  serve over TLS with this certificate chain and key (PEM)
   --tls-client-ca FILE            and require client certificates from this CA (mutual TLS)"
     );
     let mut args = std::env::args().skip(1);
     let mut listen = None;
+    let mut grpc = None;
     let (mut cert, mut key, mut client_ca) = (None, None, None);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" | "-l" => listen = args.next(),
+            "--grpc" => grpc = args.next(),
             "--tls-cert" => cert = args.next(),
             "--tls-key" => key = args.next(),
             "--tls-client-ca" => client_ca = args.next(),
@@ -119,12 +122,14 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
         None if client_ca.is_some() => fail("--tls-client-ca needs --tls-cert and --tls-key"),
         None => {}
     }
-    let server = match builder
+    builder = builder
         .add_service(service)
         .add_service(health_service)
-        .add_reflection()
-        .serve(&listen)
-    {
+        .add_reflection();
+    if let Some(addr) = &grpc {
+        builder = builder.grpc(addr);
+    }
+    let server = match builder.serve(&listen) {
         Ok(s) => s,
         Err(status) => fail(&format!(
             "{name}: cannot serve on {listen}: {}",
@@ -133,6 +138,9 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
     };
     health.set_status(service_name, ServingStatus::Serving);
     println!("{name} listening on {}", server.local_url());
+    if let Some(addr) = server.grpc_addr() {
+        println!("{name} serving gRPC on {addr}");
+    }
     let signal = wait_for_termination(&signals);
     eprintln!("{name}: signal {signal}: shutting down");
     health.set_status(service_name, ServingStatus::NotServing);

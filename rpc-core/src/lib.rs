@@ -54,6 +54,8 @@ mod descriptor;
 mod dispatch;
 mod executor;
 pub mod fabric;
+#[cfg(feature = "grpc")]
+mod grpc;
 pub mod health;
 mod idmap;
 pub mod interceptor;

@@ -695,6 +695,8 @@ impl Server {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             interceptors: Chain::default(),
             reflection: false,
+            #[cfg(feature = "grpc")]
+            grpc: None,
             #[cfg(feature = "tokio")]
             tokio: None,
         }
@@ -716,6 +718,9 @@ pub struct ServerBuilder {
     interceptors: Chain,
     /// Whether `serve` adds the reflection service.
     reflection: bool,
+    /// Where to serve standard gRPC too.
+    #[cfg(feature = "grpc")]
+    grpc: Option<String>,
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
 }
@@ -923,6 +928,86 @@ impl ServerBuilder {
             let reflection = crate::reflection::ReflectionServer::new(&services);
             self.services.push((Arc::new(reflection), false));
         }
+        #[cfg(feature = "grpc")]
+        if let Some(addr) = self.grpc.take() {
+            return self.serve_with_grpc(url, &addr);
+        }
+        self.serve_plain(url)
+    }
+
+    /// Serves standard gRPC (HTTP/2) on `addr` too (`host:port`; port 0
+    /// picks a free one, see [`ServerHandle::grpc_addr`]): the same
+    /// services, interceptors, deadlines, cancellation, metadata, status
+    /// codes and streams, for callers that speak gRPC (other languages,
+    /// grpcurl, load balancers, Kubernetes probes; add the health service
+    /// for those). Served by tonic; each call goes on to the services
+    /// through an in-process `mem://` endpoint of this server, so the
+    /// `rdma://` and `tcp://` paths are not touched. It runs on the tokio
+    /// runtime given to [`ServerBuilder::tokio_handle`], or on one of its
+    /// own (two threads, `rpc-grpc`).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), rpc_core::Status> {
+    /// # struct Kv; impl rpc_core::Service for Kv { fn descriptor(&self) -> &'static rpc_core::server::ServiceDescriptor { unimplemented!() } fn call(&self, _: rpc_core::ServerCall) {} }
+    /// let server = rpc_core::Server::builder()
+    ///     .add_service(Kv)
+    ///     .grpc("0.0.0.0:50051")
+    ///     .serve("rdma://0.0.0.0:7471")?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "grpc")]
+    pub fn grpc(mut self, addr: &str) -> Self {
+        self.grpc = Some(addr.to_owned());
+        self
+    }
+
+    /// Serves on `url` and gRPC on `addr`, through an in-process endpoint
+    /// serving the same services.
+    #[cfg(feature = "grpc")]
+    fn serve_with_grpc(self, url: &str, addr: &str) -> Result<ServerHandle, Status> {
+        static FACES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let inner_url = format!(
+            "mem://rpc-grpc-face-{}-{}",
+            std::process::id(),
+            FACES.fetch_add(1, Ordering::Relaxed)
+        );
+        let methods: Vec<&'static MethodDescriptor> = self
+            .services
+            .iter()
+            .flat_map(|(s, _)| s.descriptor().methods.iter())
+            .collect();
+        let max_message = self.config.max_message;
+        let runtime = self.tokio.clone();
+        let inner = ServerBuilder {
+            services: self.services.clone(),
+            blocking_methods: self.blocking_methods.clone(),
+            config: self.config.clone(),
+            dispatchers: self.dispatchers,
+            blocking_threads: self.blocking_threads,
+            admission: self.admission.clone(),
+            max_connections: self.max_connections,
+            interceptors: self.interceptors.clone(),
+            reflection: false,
+            grpc: None,
+            tokio: self.tokio.clone(),
+        }
+        .serve_plain(&inner_url)?;
+        let mut main = self.serve_plain(url)?;
+        let channel = crate::Channel::builder(&inner_url)
+            .max_message_size(max_message)
+            .connect()?;
+        let face = crate::grpc::GrpcFace::start(addr, channel, methods, max_message, runtime)?;
+        main.grpc_addr = Some(face.local_addr());
+        let stopper = main.stopper.take();
+        main.stopper = Some(Box::new(WithFace {
+            face,
+            inner,
+            main: stopper,
+        }));
+        Ok(main)
+    }
+
+    fn serve_plain(self, url: &str) -> Result<ServerHandle, Status> {
         let routes = self.routes()?;
         let url = FabricUrl::parse(url)?;
         match url.scheme {
@@ -1069,6 +1154,7 @@ impl ServerBuilder {
         tracing::info!(url = %local_url, dispatchers = endpoints.len(), "serving");
         Ok(ServerHandle {
             local_url,
+            grpc_addr: None,
             stopper: Some(Box::new(ServerStopper {
                 endpoints,
                 shared,
@@ -1374,6 +1460,27 @@ trait Stop: Send {
     fn stop(&mut self, grace: Duration);
 }
 
+/// A server with a gRPC face: the face stops accepting first (its calls
+/// under way end within the grace period), then the in-process server it
+/// calls, then the server itself.
+#[cfg(feature = "grpc")]
+struct WithFace {
+    face: crate::grpc::GrpcFace,
+    inner: ServerHandle,
+    main: Option<Box<dyn Stop>>,
+}
+
+#[cfg(feature = "grpc")]
+impl Stop for WithFace {
+    fn stop(&mut self, grace: Duration) {
+        self.face.stop(grace);
+        self.inner.stop(grace);
+        if let Some(mut main) = self.main.take() {
+            main.stop(grace);
+        }
+    }
+}
+
 struct ServerStopper<F: Fabric> {
     endpoints: Arc<Vec<Arc<Endpoint<F, ServerRole>>>>,
     shared: Arc<ServerShared>,
@@ -1464,6 +1571,8 @@ impl<F: Fabric> Stop for ServerStopper<F> {
 /// the handle does the same.
 pub struct ServerHandle {
     local_url: String,
+    /// Where the gRPC face listens, if the server has one.
+    grpc_addr: Option<std::net::SocketAddr>,
     stopper: Option<Box<dyn Stop>>,
 }
 
@@ -1482,6 +1591,12 @@ impl ServerHandle {
     /// Where clients connect (with the real port when 0 was asked).
     pub fn local_url(&self) -> &str {
         &self.local_url
+    }
+
+    /// Where the gRPC face listens ([`ServerBuilder::grpc`]), with the
+    /// real port when 0 was asked; `None` without one.
+    pub fn grpc_addr(&self) -> Option<std::net::SocketAddr> {
+        self.grpc_addr
     }
 
     /// Stops accepting connections, answers new calls `Unavailable`, waits for

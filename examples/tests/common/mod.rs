@@ -305,7 +305,9 @@ impl Probe {
 /// - `yield-log`: park once (the handler resumes when woken), then log an
 ///   event with the value as message;
 /// - `reply-len`: answer a payload of that many bytes and no metadata,
-///   instead of the echo.
+///   instead of the echo;
+/// - `report-deadline`: add `deadline-left-ms` to the echoed metadata,
+///   what is left of the call's deadline (-1: none).
 ///
 /// Without any of these it echoes payload and metadata, like
 /// [`examples::services::EchoService`].
@@ -361,7 +363,16 @@ impl Echo for TestEcho {
                 payload: pattern(len, 7),
             }));
         }
-        let metadata = md.clone();
+        let mut metadata = md.clone();
+        if md.get("report-deadline").is_some() {
+            // What is left of the call's deadline, as the handler sees it.
+            let left = request.deadline().map_or(-1, |d| {
+                d.saturating_duration_since(Instant::now()).as_millis() as i64
+            });
+            metadata
+                .insert("deadline-left-ms", left.to_string())
+                .unwrap();
+        }
         let payload = request.into_inner().payload;
         Ok(Response::from_parts(metadata, EchoReply { payload }))
     }

@@ -100,6 +100,8 @@ impl Drop for Proc {
 pub struct ServerProc {
     pub proc: Proc,
     pub url: String,
+    /// The lines it printed after the first.
+    pub lines: mpsc::Receiver<String>,
 }
 
 impl ServerProc {
@@ -115,12 +117,18 @@ impl ServerProc {
 
     /// Starts `bin --listen listen` and waits for it to say where it listens.
     fn start(bin: &str, listen: &str) -> ServerProc {
+        ServerProc::start_with(bin, &["--listen", listen])
+    }
+
+    /// Starts `bin args...` (which must say `--listen`) and waits for it to
+    /// say where it listens.
+    pub fn start_with(bin: &str, args: &[&str]) -> ServerProc {
         let name = std::path::Path::new(bin)
             .file_name()
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let mut proc = Proc::spawn(Command::new(bin).args(["--listen", listen]));
+        let mut proc = Proc::spawn(Command::new(bin).args(args));
         let stdout = proc.child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -139,6 +147,10 @@ impl ServerProc {
             .unwrap_or_else(|| panic!("unexpected first line from {name}: {line:?}"))
             .to_owned();
         assert!(!url.ends_with(":0"), "{name} reported no real port: {url}");
-        ServerProc { proc, url }
+        ServerProc {
+            proc,
+            url,
+            lines: rx,
+        }
     }
 }
