@@ -3,6 +3,9 @@
 //! URL, served by tonic, for callers that speak gRPC (other languages,
 //! grpcurl, load balancers, Kubernetes probes).
 //!
+//! It also holds the gateway of `grpc://` URLs: our clients calling a
+//! standard gRPC server (see [`gateway`]).
+//!
 //! Every gRPC call goes on to the same services through an in-process
 //! `mem://` endpoint of the server: the same handlers, interceptors,
 //! deadlines (`grpc-timeout`), cancellation (a reset HTTP/2 stream
@@ -489,6 +492,217 @@ fn parse_timeout(value: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// The process's gRPC gateway for `grpc://` clients: an in-process server
+/// whose fallback service passes every call on to the gRPC server its
+/// metadata names, with tonic, on a runtime of its own. Started on first
+/// use; it lives as long as the process.
+struct Gateway {
+    url: String,
+    /// In a mutex only to be `Sync`, as a static must.
+    _server: std::sync::Mutex<crate::ServerHandle>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+/// The `mem://` URL of the process's gRPC gateway, started on first use.
+pub(crate) fn gateway() -> Result<&'static str, Status> {
+    static GATEWAY: std::sync::OnceLock<Result<Gateway, Status>> = std::sync::OnceLock::new();
+    match GATEWAY.get_or_init(Gateway::start) {
+        Ok(g) => Ok(&g.url),
+        Err(status) => Err(status.clone()),
+    }
+}
+
+impl Gateway {
+    fn start() -> Result<Gateway, Status> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("rpc-grpc")
+            .enable_all()
+            .build()
+            .map_err(|e| Status::internal(format!("gRPC gateway: no runtime: {e}")))?;
+        let service = Arc::new(Forward {
+            channels: Default::default(),
+        });
+        let url = format!("mem://rpc-grpc-gateway-{}", std::process::id());
+        let server = crate::Server::builder()
+            .add_service(Forward {
+                channels: Default::default(),
+            })
+            .fallback(service)
+            .tokio_handle(runtime.handle().clone())
+            .serve(&url)?;
+        Ok(Gateway {
+            url,
+            _server: std::sync::Mutex::new(server),
+            _runtime: runtime,
+        })
+    }
+}
+
+static FORWARD: crate::codegen::ServiceDescriptor = crate::codegen::ServiceDescriptor {
+    name: "rpc.GrpcGateway",
+    methods: &[],
+};
+
+/// Passes calls on to gRPC servers: the gateway's fallback.
+struct Forward {
+    /// One tonic channel (HTTP/2 connection, reconnecting) per server.
+    channels: std::sync::Mutex<HashMap<String, tonic::transport::Channel>>,
+}
+
+impl Forward {
+    fn channel(&self, target: &str) -> Result<tonic::transport::Channel, Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = channels.get(target) {
+            return Ok(c.clone());
+        }
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{target}"))
+            .map_err(|e| Status::invalid_argument(format!("grpc://{target}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(target.to_owned(), channel.clone());
+        Ok(channel)
+    }
+}
+
+/// A call as tonic sends it: our metadata (the gateway's keys left out),
+/// and what is left of our deadline.
+fn to_tonic<T, U>(request: Request<T>, f: impl FnOnce(T) -> U) -> tonic::Request<U> {
+    let deadline = request.deadline();
+    let mut metadata = request.metadata().clone();
+    for key in [
+        crate::client::GATEWAY_TARGET,
+        crate::client::GATEWAY_PATH,
+        crate::server::FALLBACK_KIND,
+    ] {
+        metadata.remove(key);
+    }
+    let mut out = tonic::Request::new(f(request.into_inner()));
+    *out.metadata_mut() = metadata_to_grpc(&metadata);
+    if let Some(at) = deadline {
+        out.set_timeout(at.saturating_duration_since(std::time::Instant::now()));
+    }
+    out
+}
+
+/// tonic's status as ours (same codes).
+fn from_grpc(status: tonic::Status) -> Status {
+    Status::new(
+        crate::Code::from_u16(status.code() as u16),
+        status.message().to_owned(),
+    )
+}
+
+/// tonic's response as ours.
+fn from_tonic<T, U>(response: tonic::Response<T>, f: impl FnOnce(T) -> U) -> Response<U> {
+    let metadata = metadata_from_grpc(response.metadata());
+    Response::from_parts(metadata, f(response.into_inner()))
+}
+
+/// A gRPC server's response stream, as our handler returns it.
+struct FromServer(tonic::Streaming<Bytes>);
+
+impl Stream for FromServer {
+    type Item = Result<RawMessage, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.0)
+            .poll_next(cx)
+            .map(|m| m.map(|m| m.map(|b| RawMessage(b.to_vec())).map_err(from_grpc)))
+    }
+}
+
+/// Our client's request stream, as tonic sends it: it ends where ours
+/// ends or fails (a failed one cancels the call when its handler goes).
+struct ToServer(Streaming<RawMessage>);
+
+impl Stream for ToServer {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        Pin::new(&mut self.0)
+            .poll_next(cx)
+            .map(|m| m.and_then(|m| m.ok()).map(|m| Bytes::from(m.0)))
+    }
+}
+
+/// A tonic client of `channel`, once it can send (connected).
+async fn ready(
+    channel: tonic::transport::Channel,
+) -> Result<tonic::client::Grpc<tonic::transport::Channel>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(format!("gRPC server: {e}")))?;
+    Ok(grpc)
+}
+
+impl crate::Service for Forward {
+    fn descriptor(&self) -> &'static crate::codegen::ServiceDescriptor {
+        &FORWARD
+    }
+
+    fn call(&self, call: crate::ServerCall) {
+        let md = call.metadata();
+        let target = md.get(crate::client::GATEWAY_TARGET).map(str::to_owned);
+        let path = md
+            .get(crate::client::GATEWAY_PATH)
+            .and_then(|p| http::uri::PathAndQuery::try_from(p).ok());
+        let kind = md.get(crate::server::FALLBACK_KIND).map(str::to_owned);
+        let (Some(target), Some(path), Some(kind)) = (target, path, kind) else {
+            return call.unimplemented();
+        };
+        let channel = match self.channel(&target) {
+            Ok(c) => c,
+            Err(status) => {
+                return call.unary(
+                    move |_: Request<RawMessage>| -> Result<Response<RawMessage>, Status> {
+                        Err(status)
+                    },
+                );
+            }
+        };
+        match kind.as_str() {
+            "unary" => call.unary_async(move |r: Request<RawMessage>| async move {
+                let mut grpc = ready(channel).await?;
+                let reply = grpc
+                    .unary(to_tonic(r, |m| Bytes::from(m.0)), path, RawCodec)
+                    .await
+                    .map_err(from_grpc)?;
+                Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
+            }),
+            "server" => call.server_streaming(move |r: Request<RawMessage>| async move {
+                let mut grpc = ready(channel).await?;
+                let reply = grpc
+                    .server_streaming(to_tonic(r, |m| Bytes::from(m.0)), path, RawCodec)
+                    .await
+                    .map_err(from_grpc)?;
+                Ok(from_tonic(reply, FromServer))
+            }),
+            "client" => {
+                call.client_streaming(move |r: Request<Streaming<RawMessage>>| async move {
+                    let mut grpc = ready(channel).await?;
+                    let reply = grpc
+                        .client_streaming(to_tonic(r, ToServer), path, RawCodec)
+                        .await
+                        .map_err(from_grpc)?;
+                    Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
+                })
+            }
+            _ => call.streaming(move |r: Request<Streaming<RawMessage>>| async move {
+                let mut grpc = ready(channel).await?;
+                let reply = grpc
+                    .streaming(to_tonic(r, ToServer), path, RawCodec)
+                    .await
+                    .map_err(from_grpc)?;
+                Ok(from_tonic(reply, FromServer))
+            }),
+        }
+    }
 }
 
 #[cfg(test)]

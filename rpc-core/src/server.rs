@@ -697,6 +697,7 @@ impl Server {
             reflection: false,
             #[cfg(feature = "grpc")]
             grpc: None,
+            fallback: None,
             #[cfg(feature = "tokio")]
             tokio: None,
         }
@@ -721,6 +722,9 @@ pub struct ServerBuilder {
     /// Where to serve standard gRPC too.
     #[cfg(feature = "grpc")]
     grpc: Option<String>,
+    /// Takes the calls of methods no service has, whose kind the caller
+    /// names in metadata (the gRPC gateway of `grpc://` clients).
+    fallback: Option<Arc<dyn Service>>,
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
 }
@@ -961,6 +965,15 @@ impl ServerBuilder {
         self
     }
 
+    /// A service for the calls of methods no added service has, whose
+    /// kind the caller names in metadata ([`FALLBACK_KIND`]): the gateway
+    /// of `grpc://` clients passes any method on.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn fallback(mut self, service: Arc<dyn Service>) -> Self {
+        self.fallback = Some(service);
+        self
+    }
+
     /// Serves on `url` and gRPC on `addr`, through an in-process endpoint
     /// serving the same services.
     #[cfg(feature = "grpc")]
@@ -989,6 +1002,7 @@ impl ServerBuilder {
             interceptors: self.interceptors.clone(),
             reflection: false,
             grpc: None,
+            fallback: None,
             tokio: self.tokio.clone(),
         }
         .serve_plain(&inner_url)?;
@@ -1016,6 +1030,10 @@ impl ServerBuilder {
             Scheme::Rdma => self.serve_on(crate::fabric::open_verbs(&url)?, &url, routes),
             #[cfg(not(feature = "verbs"))]
             Scheme::Rdma => match crate::fabric::open_verbs(&url)? {},
+            Scheme::Grpc => Err(Status::invalid_argument(
+                "a server does not listen on grpc://: serve gRPC beside its URL with \
+                 ServerBuilder::grpc",
+            )),
         }
     }
 
@@ -1097,6 +1115,7 @@ impl ServerBuilder {
         let local_url = listener.local_url();
         let shared = Arc::new(ServerShared {
             routes,
+            fallback: self.fallback.clone(),
             interceptors: self.interceptors.clone(),
             pool: BlockingPool::new("rpc-blocking", self.blocking_threads),
             draining: AtomicBool::new(false),
@@ -1259,6 +1278,30 @@ struct Route {
     kind: MethodKind,
 }
 
+/// The metadata key in which a call to a server's fallback names its kind.
+pub(crate) const FALLBACK_KIND: &str = "rpc-gateway-kind";
+
+/// The kind of rpc a call for the fallback says it is.
+fn fallback_kind(metadata: &Metadata) -> Option<MethodKind> {
+    Some(match metadata.get(FALLBACK_KIND)? {
+        "unary" => MethodKind::Unary,
+        "server" => MethodKind::ServerStreaming,
+        "client" => MethodKind::ClientStreaming,
+        "bidi" => MethodKind::Streaming,
+        _ => return None,
+    })
+}
+
+/// The [`FALLBACK_KIND`] value of `kind`.
+pub(crate) fn fallback_kind_name(kind: MethodKind) -> &'static str {
+    match kind {
+        MethodKind::Unary => "unary",
+        MethodKind::ServerStreaming => "server",
+        MethodKind::ClientStreaming => "client",
+        MethodKind::Streaming => "bidi",
+    }
+}
+
 /// Calls a service, answering a call the service dropped after a panic.
 fn call_service(service: &dyn Service, call: ServerCall) {
     let method_id = call.method_id;
@@ -1272,6 +1315,8 @@ fn call_service(service: &dyn Service, call: ServerCall) {
 /// What a server's dispatchers share: routes and shutdown state.
 struct ServerShared {
     routes: IdMap<Route>,
+    /// See `ServerBuilder::fallback`.
+    fallback: Option<Arc<dyn Service>>,
     interceptors: Chain,
     pool: BlockingPool,
     draining: AtomicBool,
@@ -1340,8 +1385,21 @@ impl<F: Fabric> Role<F> for ServerRole {
         if shared.draining.load(Ordering::Acquire) {
             return call.reply_err(&Status::unavailable("server is shutting down"));
         }
-        let Some(route) = shared.routes.get(&h.method_id) else {
-            return call.unimplemented();
+        let fallback;
+        let route = match shared.routes.get(&h.method_id) {
+            Some(route) => route,
+            None => match (&shared.fallback, fallback_kind(&call.metadata)) {
+                (Some(service), Some(kind)) => {
+                    fallback = Route {
+                        path: "/*",
+                        service: service.clone(),
+                        blocking: false,
+                        kind,
+                    };
+                    &fallback
+                }
+                _ => return call.unimplemented(),
+            },
         };
         let obs = CallObs::server(route.path, &conn.remote, &call.metadata);
         let span = obs.span().clone();

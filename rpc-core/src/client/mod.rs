@@ -213,6 +213,11 @@ impl prost::Message for Encoded {
     }
 }
 
+/// The metadata key naming a `grpc://` call's server, for the gateway.
+pub(crate) const GATEWAY_TARGET: &str = "rpc-gateway-target";
+/// The metadata key naming a `grpc://` call's method path, for the gateway.
+pub(crate) const GATEWAY_PATH: &str = "rpc-gateway-path";
+
 /// One connection of a channel, shared by the calls made on it.
 struct Connection {
     /// Where it connected.
@@ -891,7 +896,9 @@ impl Target {
 }
 
 impl Channel {
-    /// Connects to `url` with default settings: `mem://name`, `tcp://host:port` or `rdma://host:port`.
+    /// Connects to `url` with default settings: `mem://name`, `tcp://host:port`
+    /// or `rdma://host:port`, or `grpc://host:port` for a standard gRPC
+    /// server (HTTP/2 without TLS, through tonic; feature `grpc`).
     pub fn connect(url: &str) -> Result<Channel, Status> {
         Channel::builder(url).connect()
     }
@@ -1062,7 +1069,7 @@ impl Channel {
                 }
                 return UnaryCall::waiting(Pending {
                     handle: self.inner.clone(),
-                    method_id: method.id,
+                    method,
                     metadata: request.metadata().clone(),
                     payload: request.get_ref().encode_to_vec(),
                     fail_fast: request.fail_fast(),
@@ -1072,9 +1079,10 @@ impl Channel {
             }
         };
         let message = request.get_ref();
+        let metadata = conn.gateway_metadata(method, request.metadata());
         let started = conn.start(
             method.id,
-            request.metadata(),
+            &metadata,
             request.fail_fast(),
             timeout,
             message.encoded_len(),
@@ -1278,6 +1286,7 @@ impl Channel {
                 return Opened::Now(Err(status));
             }
         };
+        let owned = conn.gateway_metadata(method, &owned);
         let started = with_client!(&conn.client, c => c.start_stream(method, &owned, timeout, first, final_message));
         Opened::Now(match started {
             Ok((id, core)) => Ok((id, core, conn, obs)),
@@ -1322,6 +1331,7 @@ impl Channel {
             let mut obs = obs.take()?;
             let started = {
                 let _in = obs.span().clone().entered();
+                let metadata = conn.gateway_metadata(method, &metadata);
                 with_client!(&conn.client, c => c.start_stream(method, &metadata, timeout, first.as_ref(), final_message))
             };
             Some(match started {
@@ -1419,6 +1429,22 @@ impl Connection {
             )?),
             #[cfg(not(feature = "verbs"))]
             Scheme::Rdma => match crate::fabric::open_verbs(url)? {},
+            // Through the process's gRPC gateway, an in-process server
+            // that passes each call on with tonic (see `gateway_metadata`).
+            #[cfg(feature = "grpc")]
+            Scheme::Grpc => ClientInner::Soft(Client::connect(
+                soft_runtime()?,
+                &FabricUrl::parse(crate::grpc::gateway()?)?,
+                config,
+                None,
+                None,
+            )?),
+            #[cfg(not(feature = "grpc"))]
+            Scheme::Grpc => {
+                return Err(Status::invalid_argument(
+                    "grpc:// needs rpc-core's `grpc` feature",
+                ));
+            }
         };
         Ok(Connection {
             url: url.clone(),
@@ -1426,6 +1452,27 @@ impl Connection {
             spin: config.spin,
             outstanding: AtomicUsize::new(0),
         })
+    }
+
+    /// For a `grpc://` connection (to the process's gRPC gateway),
+    /// `metadata` with what the gateway needs to pass the call on: the
+    /// server, and the method's path and kind; other connections' as is.
+    fn gateway_metadata<'a>(
+        &self,
+        method: &MethodDescriptor,
+        metadata: &'a Metadata,
+    ) -> std::borrow::Cow<'a, Metadata> {
+        if self.url.scheme != Scheme::Grpc {
+            return std::borrow::Cow::Borrowed(metadata);
+        }
+        let mut with = metadata.clone();
+        let _ = with.insert(GATEWAY_TARGET, self.url.socket_addr());
+        let _ = with.insert(GATEWAY_PATH, method.path);
+        let _ = with.insert(
+            crate::server::FALLBACK_KIND,
+            crate::server::fallback_kind_name(method.kind),
+        );
+        std::borrow::Cow::Owned(with)
     }
 
     fn is_alive(&self) -> bool {
@@ -2001,7 +2048,7 @@ type Started = Result<(Arc<Connection>, CallId, Arc<CallSlot>), Status>;
 /// A unary call waiting for its channel to connect: its request, encoded.
 struct Pending {
     handle: Arc<Handle>,
-    method_id: u32,
+    method: &'static MethodDescriptor,
     metadata: Metadata,
     payload: Vec<u8>,
     fail_fast: bool,
@@ -2025,9 +2072,10 @@ impl Pending {
             None => None,
         };
         let conn = self.handle.pick().ok()?;
+        let metadata = conn.gateway_metadata(self.method, &self.metadata);
         let started = conn.start(
-            self.method_id,
-            &self.metadata,
+            self.method.id,
+            &metadata,
             self.fail_fast,
             timeout,
             self.payload.len(),

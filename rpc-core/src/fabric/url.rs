@@ -1,4 +1,5 @@
-//! Endpoint URLs: `mem://name`, `tcp://host:port`, `rdma://host:port[?device=NAME&gid=N]`.
+//! Endpoint URLs: `mem://name`, `tcp://host:port`, `rdma://host:port[?device=NAME&gid=N]`,
+//! and, for clients, `grpc://host:port` (a standard gRPC server).
 
 use super::FabricError;
 use std::fmt;
@@ -12,6 +13,9 @@ pub enum Scheme {
     Tcp,
     /// Real RDMA verbs.
     Rdma,
+    /// A standard gRPC server (HTTP/2), reached through tonic (clients
+    /// only; feature `grpc`).
+    Grpc,
 }
 
 /// A parsed endpoint URL.
@@ -40,9 +44,10 @@ impl FabricUrl {
             "mem" => Scheme::Mem,
             "tcp" => Scheme::Tcp,
             "rdma" => Scheme::Rdma,
+            "grpc" => Scheme::Grpc,
             other => {
                 return Err(bad(format!(
-                    "unknown scheme {other:?} in {url:?}; expected mem://, tcp:// or rdma://"
+                    "unknown scheme {other:?} in {url:?}; expected mem://, tcp://, rdma:// or grpc://"
                 )));
             }
         };
@@ -121,6 +126,7 @@ impl fmt::Display for FabricUrl {
             Scheme::Mem => write!(f, "mem://{}", self.host)?,
             Scheme::Tcp => write!(f, "tcp://{}", self.socket_addr())?,
             Scheme::Rdma => write!(f, "rdma://{}", self.socket_addr())?,
+            Scheme::Grpc => write!(f, "grpc://{}", self.socket_addr())?,
         }
         for (i, (k, v)) in self.params.iter().enumerate() {
             write!(f, "{}{k}={v}", if i == 0 { '?' } else { '&' })?;

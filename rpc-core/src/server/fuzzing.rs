@@ -81,6 +81,7 @@ impl FakePeer {
         let routes = builder.routes()?;
         let shared = Arc::new(ServerShared {
             routes,
+            fallback: None,
             interceptors: builder.interceptors.clone(),
             pool: BlockingPool::new("rpc-blocking", builder.blocking_threads),
             draining: AtomicBool::new(false),

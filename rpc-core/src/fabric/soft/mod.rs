@@ -877,7 +877,7 @@ impl Fabric for SoftFabric {
                 crate::fabric::bootstrap::HelloFabric::Tcp,
                 admission,
             )?)),
-            Scheme::Rdma => Err(FabricError::invalid(
+            Scheme::Rdma | Scheme::Grpc => Err(FabricError::invalid(
                 "listen",
                 "the soft fabric serves mem:// and tcp:// only",
             )),
@@ -893,7 +893,7 @@ impl Fabric for SoftFabric {
         match url.scheme {
             Scheme::Mem => mem::connect(&self.ctx, &cq.inner, &url.host, local),
             Scheme::Tcp => tcp::connect(&self.ctx, &cq.inner, url, local),
-            Scheme::Rdma => Err(FabricError::invalid(
+            Scheme::Rdma | Scheme::Grpc => Err(FabricError::invalid(
                 "connect",
                 "the soft fabric serves mem:// and tcp:// only",
             )),
