@@ -44,6 +44,9 @@ process, alternating with ours in up to 5 rounds; perftest runs afterwards):
   perftest  ib_write_lat and ib_write_bw on the device of an rdma:// URL
   channel   a crossbeam-channel ping-pong between two threads
   plaintext rdma-rpc itself without TLS, on the same URL (with --tls)
+--url grpc-face:// measures tonic's clients against our server's gRPC face
+(ServerBuilder::grpc) instead of our clients; with --baseline tonic, against
+tonic's own server in the same run.
 --tls runs our server and clients over TLS (a CA and a server certificate are
 made for the run; tcp:// is all TLS, rdma:// only its handshake); its records
 name the fabric tls.
@@ -202,9 +205,12 @@ impl Options {
                 "--connections must be between 1 and --concurrency ({concurrency})"
             ));
         }
-        if !(url.starts_with("mem://") || url.starts_with("tcp://") || url.starts_with("rdma://")) {
+        if !["mem://", "tcp://", "rdma://", "grpc-face://"]
+            .iter()
+            .any(|s| url.starts_with(s))
+        {
             return Err(format!(
-                "--url {url:?}: expected mem://name, tcp://host:port or rdma://host:port"
+                "--url {url:?}: expected mem://name, tcp://host:port, rdma://host:port or grpc-face://"
             ));
         }
         if stream_len.is_some() && !stream {

@@ -80,6 +80,8 @@ pub struct TonicBench {
     clients: Vec<EchoClient<Channel>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+    /// Our server, when the clients call its gRPC face instead of tonic's.
+    face: Option<rpc_core::ServerHandle>,
     addr: std::net::SocketAddr,
     params: Params,
 }
@@ -88,29 +90,60 @@ impl TonicBench {
     /// Starts the runtime and the server, and opens `params.connections`
     /// connections. `Err` when any of it cannot be set up.
     pub fn start(params: &Params) -> Result<TonicBench, String> {
+        TonicBench::start_with(params, false)
+    }
+
+    /// The same tonic clients against our server's gRPC face
+    /// (`ServerBuilder::grpc`, the echo service of `examples`), sharing
+    /// the one runtime as tonic's server does.
+    pub fn start_face(params: &Params) -> Result<TonicBench, String> {
+        TonicBench::start_with(params, true)
+    }
+
+    fn start_with(params: &Params, face: bool) -> Result<TonicBench, String> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(|e| format!("tonic baseline: cannot start a tokio runtime: {e}"))?;
         let connections = params.connections.max(1);
         let mode = params.mode;
+        let ours = if face {
+            let server = rpc_core::Server::builder()
+                .add_service(examples::echo::echo_server::EchoServer::new(
+                    examples::services::EchoService,
+                ))
+                .tokio_handle(rt.handle().clone())
+                .grpc("127.0.0.1:0")
+                .serve(&format!("mem://rpc-bench-face-{}", std::process::id()))
+                .map_err(|e| format!("gRPC face: {e}"))?;
+            Some(server)
+        } else {
+            None
+        };
+        let face_addr = ours.as_ref().and_then(|s| s.grpc_addr());
         let (addr, stop, server, clients) = rt.block_on(async move {
-            let incoming = tonic::transport::server::TcpIncoming::bind(
-                "127.0.0.1:0".parse().expect("address"),
-            )
-            .map_err(|e| format!("tonic baseline: cannot listen on 127.0.0.1:0: {e}"))?
-            .with_nodelay(Some(true));
-            let addr = incoming
-                .local_addr()
-                .map_err(|e| format!("tonic baseline: no local address: {e}"))?;
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let server = tokio::spawn(
-                Server::builder()
-                    .add_service(EchoServer::new(TonicEcho))
-                    .serve_with_incoming_shutdown(incoming, async {
-                        let _ = stopped.await;
-                    }),
-            );
+            let (addr, stop, server) = match face_addr {
+                Some(addr) => (addr, None, None),
+                None => {
+                    let incoming = tonic::transport::server::TcpIncoming::bind(
+                        "127.0.0.1:0".parse().expect("address"),
+                    )
+                    .map_err(|e| format!("tonic baseline: cannot listen on 127.0.0.1:0: {e}"))?
+                    .with_nodelay(Some(true));
+                    let addr = incoming
+                        .local_addr()
+                        .map_err(|e| format!("tonic baseline: no local address: {e}"))?;
+                    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                    let server = tokio::spawn(
+                        Server::builder()
+                            .add_service(EchoServer::new(TonicEcho))
+                            .serve_with_incoming_shutdown(incoming, async {
+                                let _ = stopped.await;
+                            }),
+                    );
+                    (addr, Some(stop), Some(server))
+                }
+            };
             let mut clients = Vec::new();
             for _ in 0..connections {
                 let mut endpoint = Endpoint::from_shared(format!("http://{addr}"))
@@ -136,16 +169,21 @@ impl TonicBench {
         Ok(TonicBench {
             rt,
             clients,
-            stop: Some(stop),
-            server: Some(server),
+            stop,
+            server,
+            face: ours,
             addr,
             params: *params,
         })
     }
 
-    /// What the records call it: `tonic://127.0.0.1:PORT`.
+    /// What the records call it: `tonic://127.0.0.1:PORT`, or
+    /// `grpc-face://127.0.0.1:PORT` for our server's face.
     pub fn url(&self) -> String {
-        format!("tonic://{}", self.addr)
+        match self.face {
+            Some(_) => format!("grpc-face://{}", self.addr),
+            None => format!("tonic://{}", self.addr),
+        }
     }
 }
 
@@ -176,6 +214,9 @@ impl Drop for TonicBench {
         }
         if let Some(server) = self.server.take() {
             let _ = self.rt.block_on(server);
+        }
+        if let Some(face) = self.face.take() {
+            face.shutdown();
         }
     }
 }

@@ -63,7 +63,20 @@ fn run(o: &Options) -> i32 {
         tuning: o.tuning,
         tls,
     };
-    let mut ours_bench = match RpcBench::start(&run) {
+    // `grpc-face://`: tonic's clients against our server's gRPC face.
+    let started: Result<(Box<dyn Bench>, String, String), String> =
+        if o.url.starts_with("grpc-face://") {
+            TonicBench::start_face(&params).map(|b| {
+                let url = b.url();
+                (Box::new(b) as Box<dyn Bench>, "grpc-face".to_owned(), url)
+            })
+        } else {
+            RpcBench::start(&run).map(|b| {
+                let (fabric, url) = (b.fabric().to_owned(), b.url().to_owned());
+                (Box::new(b) as Box<dyn Bench>, fabric, url)
+            })
+        };
+    let (mut ours_bench, fabric, ours_url) = match started {
         Ok(b) => b,
         Err(e) => {
             eprintln!("rpc-bench: {e}");
@@ -113,21 +126,14 @@ fn run(o: &Options) -> i32 {
         1
     };
     let (ours_totals, base_totals) = interleave(
-        &mut ours_bench,
+        &mut *ours_bench,
         baseline
             .as_mut()
             .map(|(b, _, _)| &mut **b as &mut dyn Bench),
         &params,
         rounds,
     );
-    let fabric = ours_bench.fabric().to_owned();
-    let ours = Measurement::from_totals(
-        Kind::Rpc,
-        &fabric,
-        ours_bench.url().to_owned(),
-        params,
-        &ours_totals,
-    );
+    let ours = Measurement::from_totals(Kind::Rpc, &fabric, ours_url, params, &ours_totals);
     drop(ours_bench);
     say(&ours);
     if let Some(e) = &ours.first_error {
