@@ -224,6 +224,18 @@ fn tokio_stream_iter<T: Send + 'static>(items: Vec<T>) -> impl futures::Stream<I
 
 const TOKEN: &str = "Bearer 9d4e";
 
+/// An echo request of `payload` with the token and `metadata`.
+fn with_token(payload: Vec<u8>, metadata: &[(&'static str, &str)]) -> tonic::Request<Vec<u8>> {
+    let mut request = tonic::Request::new(payload);
+    request
+        .metadata_mut()
+        .insert("authorization", TOKEN.parse().unwrap());
+    for (key, value) in metadata {
+        request.metadata_mut().insert(*key, value.parse().unwrap());
+    }
+    request
+}
+
 fn require_token(call: &mut CallInfo<'_>) -> Result<(), Status> {
     match call.metadata().get("authorization") {
         Some(TOKEN) => Ok(()),
@@ -256,25 +268,13 @@ fn metadata_deadlines_and_interceptors_carry_over_grpc() {
             assert_eq!(e.message(), "no valid token");
 
             // With it: the payload and the request's metadata come back.
-            let mut request = tonic::Request::new(vec![1, 2, 3]);
-            request
-                .metadata_mut()
-                .insert("authorization", TOKEN.parse().unwrap());
-            request
-                .metadata_mut()
-                .insert("tenant", "blue".parse().unwrap());
+            let request = with_token(vec![1, 2, 3], &[("tenant", "blue")]);
             let reply = echo(request).await.unwrap();
             assert_eq!(reply.get_ref(), &vec![1, 2, 3]);
             assert_eq!(reply.metadata().get("tenant").unwrap(), "blue");
 
             // The caller's deadline (`grpc-timeout`) reaches the handler.
-            let mut request = tonic::Request::new(vec![4]);
-            request
-                .metadata_mut()
-                .insert("authorization", TOKEN.parse().unwrap());
-            request
-                .metadata_mut()
-                .insert("report-deadline", "1".parse().unwrap());
+            let mut request = with_token(vec![4], &[("report-deadline", "1")]);
             request.set_timeout(Duration::from_secs(5));
             let reply = echo(request).await.unwrap();
             let left: i64 = reply
@@ -289,13 +289,7 @@ fn metadata_deadlines_and_interceptors_carry_over_grpc() {
 
             // A handler that outlives it: the call ends on time (tonic's
             // client times out as the server does, and reports CANCELLED).
-            let mut request = tonic::Request::new(vec![4]);
-            request
-                .metadata_mut()
-                .insert("authorization", TOKEN.parse().unwrap());
-            request
-                .metadata_mut()
-                .insert("sleep-ms", "2000".parse().unwrap());
+            let mut request = with_token(vec![4], &[("sleep-ms", "2000")]);
             request.set_timeout(Duration::from_millis(200));
             let started = Instant::now();
             let e = echo(request).await.unwrap_err();
