@@ -42,7 +42,22 @@ fn ticks_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>) ->
         .sum()
 }
 
+/// Clock ticks (usually 10 ms) an idle second may use: a poller that kept
+/// spinning would use about 100. Each idle connection still wakes its
+/// pollers for a heartbeat every second on each side.
+const IDLE_TICKS: u64 = 3;
+
+/// The same in the Soft-RoCE guest, where every instruction is emulated
+/// (TCG) and the heartbeats' wake-ups cost several milliseconds each: an
+/// idle second there measured 6 ticks with the host quiet (7 while the
+/// host compiled). Still far from spinning.
+const IDLE_TICKS_EMULATED: u64 = 10;
+
 fn idle_cpu(url: &str) {
+    idle_cpu_within(url, IDLE_TICKS)
+}
+
+fn idle_cpu_within(url: &str, limit: u64) {
     // Threads are told apart by name only, and the client's dispatchers are
     // shared: measure one configuration at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -66,11 +81,9 @@ fn idle_cpu(url: &str) {
     let before = thread_ticks("rpc-");
     std::thread::sleep(Duration::from_secs(1));
     let used = ticks_between(&before, &thread_ticks("rpc-"));
-    // Clock ticks are usually 10 ms: a poller that kept spinning would use
-    // about 100 per second; allow for a stray tick or two.
     assert!(
-        used <= 3,
-        "{url}: idle pollers used {used} ticks in one second"
+        used <= limit,
+        "{url}: idle pollers used {used} ticks in one second (limit {limit})"
     );
     drop(client);
     server.shutdown();
@@ -90,5 +103,5 @@ fn idle_tcp_server_and_client_use_no_cpu() {
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn rdma_idle_server_and_client_use_no_cpu() {
     let url = std::env::var("RPC_TEST_RDMA_URL").unwrap_or_else(|_| "rdma://127.0.0.1:0".into());
-    idle_cpu(&url);
+    idle_cpu_within(&url, IDLE_TICKS_EMULATED);
 }
