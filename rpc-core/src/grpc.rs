@@ -67,12 +67,7 @@ impl GrpcFace {
         let (runtime, handle) = match handle {
             Some(h) => (None, h),
             None => {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .thread_name("rpc-grpc")
-                    .enable_all()
-                    .build()
-                    .map_err(|e| Status::internal(format!("gRPC face: no runtime: {e}")))?;
+                let rt = runtime("gRPC face")?;
                 let h = rt.handle().clone();
                 (Some(rt), h)
             }
@@ -141,6 +136,16 @@ impl Drop for GrpcFace {
     fn drop(&mut self) {
         self.stop(Duration::ZERO);
     }
+}
+
+/// A runtime of its own for `what`: two `rpc-grpc` threads.
+fn runtime(what: &str) -> Result<tokio::runtime::Runtime, Status> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rpc-grpc")
+        .enable_all()
+        .build()
+        .map_err(|e| Status::internal(format!("{what}: no runtime: {e}")))
 }
 
 /// The bytes of a gRPC message, passed on as they are.
@@ -516,21 +521,13 @@ pub(crate) fn gateway() -> Result<&'static str, Status> {
 
 impl Gateway {
     fn start() -> Result<Gateway, Status> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("rpc-grpc")
-            .enable_all()
-            .build()
-            .map_err(|e| Status::internal(format!("gRPC gateway: no runtime: {e}")))?;
-        let service = Arc::new(Forward {
-            channels: Default::default(),
-        });
+        let runtime = runtime("gRPC gateway")?;
         let url = format!("mem://rpc-grpc-gateway-{}", std::process::id());
+        // No methods of its own: every call goes to the fallback.
         let server = crate::Server::builder()
-            .add_service(Forward {
+            .fallback(Arc::new(Forward {
                 channels: Default::default(),
-            })
-            .fallback(service)
+            }))
             .tokio_handle(runtime.handle().clone())
             .serve(&url)?;
         Ok(Gateway {
@@ -628,11 +625,13 @@ impl Stream for ToServer {
     }
 }
 
-/// A tonic client of `channel`, once it can send (connected).
+/// A tonic client of `channel`, once it can send (connected); a channel
+/// that could not be made fails the call with its status, whatever its
+/// kind.
 async fn ready(
-    channel: tonic::transport::Channel,
+    channel: Result<tonic::transport::Channel, Status>,
 ) -> Result<tonic::client::Grpc<tonic::transport::Channel>, Status> {
-    let mut grpc = tonic::client::Grpc::new(channel)
+    let mut grpc = tonic::client::Grpc::new(channel?)
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
     grpc.ready()
@@ -656,16 +655,7 @@ impl crate::Service for Forward {
         let (Some(target), Some(path), Some(kind)) = (target, path, kind) else {
             return call.unimplemented();
         };
-        let channel = match self.channel(&target) {
-            Ok(c) => c,
-            Err(status) => {
-                return call.unary(
-                    move |_: Request<RawMessage>| -> Result<Response<RawMessage>, Status> {
-                        Err(status)
-                    },
-                );
-            }
-        };
+        let channel = self.channel(&target);
         match kind.as_str() {
             "unary" => call.unary_async(move |r: Request<RawMessage>| async move {
                 let mut grpc = ready(channel).await?;

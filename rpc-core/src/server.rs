@@ -1062,7 +1062,7 @@ impl ServerBuilder {
     }
 
     fn routes(&self) -> Result<IdMap<Route>, Status> {
-        if self.services.is_empty() {
+        if self.services.is_empty() && self.fallback.is_none() {
             return Err(Status::invalid_argument(
                 "a server needs at least one service",
             ));

@@ -1255,15 +1255,16 @@ impl Channel {
         final_message: bool,
         wait: bool,
     ) -> Opened {
-        let mut owned = metadata.clone();
+        // Copied only if something adds to it (or the stream waits).
+        let mut metadata = std::borrow::Cow::Borrowed(metadata);
         if !self.inner.interceptors.is_empty() {
-            if let Err(status) = self.intercept(method, &mut owned) {
+            if let Err(status) = self.intercept(method, metadata.to_mut()) {
                 return Opened::Now(Err(status));
             }
         }
-        let (mut obs, trace) = CallObs::client(method.path, &self.inner.url, &owned);
+        let (mut obs, trace) = CallObs::client(method.path, &self.inner.url, &metadata);
         if let Some(trace) = trace {
-            let _ = owned.insert(TRACEPARENT, trace);
+            let _ = metadata.to_mut().insert(TRACEPARENT, trace);
         }
         let _in = obs.span().clone().entered();
         let picked = self.inner.pick();
@@ -1274,7 +1275,7 @@ impl Channel {
                 return Opened::Later(Self::opener(
                     self.inner.clone(),
                     method,
-                    owned,
+                    metadata.into_owned(),
                     timeout.map(|t| Instant::now() + t),
                     first,
                     final_message,
@@ -1286,8 +1287,8 @@ impl Channel {
                 return Opened::Now(Err(status));
             }
         };
-        let owned = conn.gateway_metadata(method, &owned);
-        let started = with_client!(&conn.client, c => c.start_stream(method, &owned, timeout, first, final_message));
+        let metadata = conn.gateway_metadata(method, &metadata);
+        let started = with_client!(&conn.client, c => c.start_stream(method, &metadata, timeout, first, final_message));
         Opened::Now(match started {
             Ok((id, core)) => Ok((id, core, conn, obs)),
             Err(status) => {
