@@ -260,7 +260,7 @@ fn metadata_deadlines_and_interceptors_carry_over_grpc() {
                 .connect()
                 .await
                 .unwrap();
-            let mut echo = examples_echo_client(channel);
+            let mut echo = examples_echo_client(channel.clone());
 
             // Without the token: the interceptor's status, as gRPC's code.
             let e = echo(tonic::Request::new(vec![1])).await.unwrap_err();
@@ -305,6 +305,53 @@ fn metadata_deadlines_and_interceptors_carry_over_grpc() {
                 "{:?}",
                 started.elapsed()
             );
+
+            // The handler sees its caller: the face, and the client's own
+            // address (not the server's).
+            let reply = echo(with_token(vec![], &[("who", "1")])).await.unwrap();
+            assert_eq!(reply.metadata().get("peer-fabric").unwrap(), "grpc");
+            let peer = reply.metadata().get("peer-addr").unwrap().to_str().unwrap();
+            assert!(
+                peer.starts_with("127.0.0.1:") && peer != addr.to_string(),
+                "{peer}"
+            );
+
+            // An error's metadata arrives as gRPC trailers.
+            let e = echo(with_token(vec![], &[("fail-with", "no room")]))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+            assert_eq!(e.metadata().get("detail").unwrap(), "no room");
+
+            // So does a stream's trailing metadata, after its messages.
+            let mut grpc = tonic::client::Grpc::new(channel.clone());
+            grpc.ready().await.unwrap();
+            let mut request =
+                tonic::Request::new(examples::echo::StreamRequest { count: 3, size: 8 });
+            request
+                .metadata_mut()
+                .insert("authorization", TOKEN.parse().unwrap());
+            request
+                .metadata_mut()
+                .insert("trailer", "sent 3".parse().unwrap());
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static("/echo.Echo/Stream");
+            let codec = tonic_prost::ProstCodec::<
+                examples::echo::StreamRequest,
+                examples::echo::EchoReply,
+            >::default();
+            let mut stream = grpc
+                .server_streaming(request, path, codec)
+                .await
+                .unwrap()
+                .into_inner();
+            let mut messages = 0;
+            while let Some(reply) = stream.message().await.unwrap() {
+                assert_eq!(reply.payload.len(), 8);
+                messages += 1;
+            }
+            assert_eq!(messages, 3);
+            let trailers = stream.trailers().await.unwrap().expect("trailers");
+            assert_eq!(trailers.get("x-trailer").unwrap(), "sent 3");
         });
         drop(server);
     });
@@ -520,4 +567,46 @@ on_soft_fabrics! {
         assert_eq!(back, ["m0", "m0", "m1"]);
         drop(server);
     }
+}
+
+/// Through `grpc://` and a gRPC face, both HTTP/2: an error's metadata
+/// and a stream's trailing metadata arrive as our client reads them on the
+/// other fabrics, and the handler sees a caller on the face.
+#[test]
+fn a_grpc_url_carries_trailers_and_the_caller() {
+    watchdog(|| {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).grpc("127.0.0.1:0"), TCP_ANY);
+        let addr = server.grpc_addr().unwrap();
+        let echo =
+            examples::echo::echo_client::EchoClient::connect(&format!("grpc://{addr}")).unwrap();
+        let request = |payload: Vec<u8>, key: &str, value: &str| {
+            let mut request = rpc_core::Request::new(examples::echo::EchoRequest { payload });
+            request.metadata_mut().insert(key, value).unwrap();
+            request
+        };
+
+        let e = echo
+            .echo(request(vec![], "fail-with", "no room"))
+            .wait()
+            .unwrap_err();
+        assert_eq!(e.code(), rpc_core::Code::FailedPrecondition, "{e:?}");
+        assert_eq!(e.metadata().unwrap().get("detail"), Some("no room"));
+
+        let reply = echo.echo(request(vec![], "who", "1")).wait().unwrap();
+        assert_eq!(reply.metadata().get("peer-fabric"), Some("grpc"));
+
+        let mut call = rpc_core::Request::new(examples::echo::StreamRequest { count: 5, size: 16 });
+        call.metadata_mut().insert("trailer", "sent 5").unwrap();
+        let mut stream = echo.stream(call);
+        let mut messages = 0;
+        for reply in &mut stream {
+            assert_eq!(reply.unwrap().payload.len(), 16);
+            messages += 1;
+        }
+        assert_eq!(messages, 5);
+        let trailers = stream.trailers().expect("trailers");
+        assert_eq!(trailers.get("x-trailer"), Some("sent 5"));
+        drop(server);
+    });
 }

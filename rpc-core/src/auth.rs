@@ -293,7 +293,8 @@ pub(crate) fn random_nonce() -> Result<[u8; NONCE_LEN], String> {
 pub struct Peer {
     /// The peer's address (`ip:port` on tcp:// and rdma://, a name on mem://).
     pub addr: String,
-    /// The fabric: `"mem"`, `"tcp"` or `"rdma"`.
+    /// The fabric: `"mem"`, `"tcp"` or `"rdma"`; `"grpc"` for a call
+    /// through the server's gRPC face.
     pub fabric: &'static str,
     /// The identity the server's [`Authenticator`] admitted it under; `None`
     /// when the server requires no credential.

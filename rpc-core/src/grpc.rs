@@ -6,15 +6,22 @@
 //! It also holds the gateway of `grpc://` URLs: our clients calling a
 //! standard gRPC server (see [`gateway`]).
 //!
-//! Every gRPC call goes on to the same services through an in-process
-//! `mem://` endpoint of the server: the same handlers, interceptors,
-//! deadlines (`grpc-timeout`), cancellation (a reset HTTP/2 stream
-//! cancels the call), metadata, status codes and streams of all four
-//! kinds. Messages pass as their encoded bytes ([`RawMessage`]): nothing is
-//! decoded twice. The rdma:// and tcp:// paths do not change.
+//! Every gRPC call is started on the server's own routes as a dispatcher
+//! starts a request, and its handler runs on the tokio worker that read
+//! it, as tonic runs its handlers (see [`Local`]): the same handlers,
+//! interceptors, blocking pool, deadlines (`grpc-timeout`), cancellation
+//! (a reset HTTP/2 stream cancels the call), metadata and trailers,
+//! status codes and streams of all four kinds, and the caller's address.
+//! Messages pass as their encoded bytes: nothing is decoded twice. The
+//! rdma:// and tcp:// paths do not change.
 
-use crate::codegen::{MethodDescriptor, MethodKind};
-use crate::{Channel, Metadata, RawMessage, Request, Response, Status, Streaming};
+use crate::codegen::MethodKind;
+use crate::dispatch::{Frame, OutFrame};
+use crate::protocol::stream::DEFAULT_WINDOW;
+use crate::protocol::{CallId, FrameKind, Header, SendError};
+use crate::server::{NewCall, Registry, ServerShared};
+use crate::streaming::{CallOwner, Link, Outbox, Pump, RequestPump, StreamCore};
+use crate::{Metadata, Peer, RawMessage, Request, Response, Status, Streaming};
 use futures_core::Stream;
 use prost::bytes::{Buf, BufMut, Bytes};
 use std::collections::HashMap;
@@ -23,6 +30,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -47,13 +55,11 @@ impl std::fmt::Debug for GrpcFace {
 
 impl GrpcFace {
     /// Listens on `addr` (`host:port`; port 0 picks one) and serves gRPC,
-    /// passing each call to `channel` (the server's in-process endpoint),
-    /// whose services' methods are `methods`.
+    /// starting each call on `shared` (the server's routes, interceptors
+    /// and calls in flight), on `handle`'s runtime or one of its own.
     pub(crate) fn start(
         addr: &str,
-        channel: Channel,
-        methods: Vec<&'static MethodDescriptor>,
-        max_message_size: usize,
+        shared: Arc<ServerShared>,
         handle: Option<tokio::runtime::Handle>,
     ) -> Result<GrpcFace, Status> {
         let listener = std::net::TcpListener::bind(addr)
@@ -73,10 +79,10 @@ impl GrpcFace {
             }
         };
         let proxy = Proxy {
-            inner: Arc::new(ProxyInner {
-                channel,
-                methods: methods.into_iter().map(|m| (m.path, m)).collect(),
-                max_message_size,
+            local: Arc::new(Local {
+                shared,
+                registry: Arc::default(),
+                next_id: AtomicU64::new(1),
             }),
         };
         let mut routes = tonic::service::Routes::default();
@@ -186,16 +192,276 @@ impl Decoder for RawCodec {
     }
 }
 
+/// The server as the face calls it: each gRPC call is started on the
+/// server's shared state as a dispatcher starts a request (routes,
+/// interceptors, deadline, the blocking pool), with its handler run on the
+/// tokio worker that read it. No ring and no dispatcher sit between them:
+/// the call's frames pass through [`ToHandler`] and [`ToFace`], the two
+/// ends of an in-process link, into the same stream state (windows,
+/// half-close, cancel) that a connection's frames reach.
+struct Local {
+    shared: Arc<ServerShared>,
+    /// The face's calls that hear from their caller after the request.
+    registry: Arc<Registry>,
+    next_id: AtomicU64,
+}
+
+/// The face's calls' "queue pair": the face has a registry of its own.
+const FACE_QP: u32 = 0;
+
+/// The face's end of a started call: what arrives from the handler, and
+/// the link for what the caller sends.
+struct Started {
+    core: Arc<StreamCore>,
+    link: Arc<dyn Link>,
+    call_id: CallId,
+    owner: Arc<dyn CallOwner>,
+}
+
+impl Started {
+    /// The stream of what the handler sends; `pump` sends the caller's
+    /// request stream.
+    fn stream(self, pump: Option<Box<dyn Pump>>) -> Streaming<RawMessage> {
+        Streaming::new(self.core, self.link, self.call_id, Some(self.owner), pump)
+    }
+
+    /// The outbox of the caller's request stream.
+    fn outbox(&self) -> Outbox {
+        Outbox::new(self.core.clone(), self.link.clone(), self.call_id, 0, None)
+    }
+}
+
+impl Local {
+    /// Starts a call of the method `method_id` (of `kind`) with the
+    /// request `first` (unary and server-streaming calls).
+    fn start(
+        self: &Arc<Self>,
+        method_id: u32,
+        kind: MethodKind,
+        head: Head,
+        first: Option<Bytes>,
+    ) -> Started {
+        let call_id = CallId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let core = StreamCore::new(DEFAULT_WINDOW, kind.server_streams());
+        let to_face: Arc<dyn Link> = Arc::new(ToFace {
+            core: core.clone(),
+            final_message: !kind.server_streams(),
+            remote: head.remote.clone(),
+            max_message: self.shared.max_message(),
+        });
+        let timeout_us = head
+            .timeout
+            .map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32);
+        self.shared.start_call_on_tokio(
+            &self.registry,
+            NewCall {
+                qp_num: FACE_QP,
+                call_id,
+                method_id,
+                timeout_us,
+                metadata: Some(head.metadata),
+                payload: first.map(Vec::from).unwrap_or_default().into(),
+                sink: to_face,
+                remote: &head.remote,
+            },
+        );
+        Started {
+            core: core.clone(),
+            link: Arc::new(ToHandler {
+                local: self.clone(),
+                remote: head.remote,
+            }),
+            call_id,
+            owner: Arc::new(FaceOwner {
+                local: self.clone(),
+                core,
+            }),
+        }
+    }
+}
+
+/// A frame of `out`, as a connection would deliver it: its payload
+/// written by `fill`, checked against `max` bytes.
+fn frame_of(
+    out: &OutFrame<'_>,
+    max: usize,
+    fill: &mut dyn FnMut(&mut [u8]),
+) -> Result<Frame, SendError> {
+    let md_len = out.metadata.map_or(0, Metadata::encoded_len);
+    if md_len > crate::metadata::MAX_ENCODED_LEN {
+        return Err(SendError::Metadata(md_len));
+    }
+    let len = md_len + out.payload_len;
+    if len > max {
+        return Err(SendError::TooLarge { len, max });
+    }
+    let mut payload = vec![0; out.payload_len];
+    fill(&mut payload);
+    Ok(Frame {
+        header: Header {
+            kind: out.kind,
+            status: out.status,
+            method_id: out.method_id,
+            call_id: out.call_id,
+            payload_len: out.payload_len as u32,
+            metadata_len: md_len as u16,
+            timeout_us: out.timeout_us,
+            ack: 0,
+            flags: 0,
+        },
+        metadata: Some(out.metadata.cloned().unwrap_or_default()),
+        payload: payload.into(),
+    })
+}
+
+/// What the handler sends, to the face's end of the call: as a client's
+/// dispatcher applies a server's frames to a stream.
+struct ToFace {
+    core: Arc<StreamCore>,
+    /// The response is one message, in the final frame (unary and
+    /// client-streaming calls).
+    final_message: bool,
+    remote: Arc<Peer>,
+    max_message: usize,
+}
+
+impl Link for ToFace {
+    fn send(
+        &self,
+        out: &OutFrame<'_>,
+        _cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), SendError> {
+        if self.core.is_over() {
+            return Err(SendError::Closed("the gRPC caller went away".into()));
+        }
+        let frame = frame_of(out, self.max_message, fill)?;
+        let h = frame.header;
+        let applied = match h.kind {
+            FrameKind::Message => {
+                self.core
+                    .on_message(&h, frame.payload, frame.metadata.unwrap_or_default())
+            }
+            FrameKind::Window => self.core.on_grant(h.timeout_us),
+            FrameKind::Response => {
+                let last = self.final_message.then_some(frame.payload);
+                self.core.on_end(Ok(()), last, frame.metadata, true)
+            }
+            FrameKind::Error => {
+                let status = crate::client::error_status(&frame);
+                self.core.on_end(Err(status), None, frame.metadata, true)
+            }
+            kind => {
+                return Err(SendError::Closed(format!(
+                    "a handler sent a {kind:?} frame to the gRPC face"
+                )));
+            }
+        };
+        applied.map_err(|e| {
+            let why = format!("stream protocol violation: {e}");
+            self.core.fail(Status::internal(why.clone()));
+            SendError::Closed(why)
+        })
+    }
+
+    fn uncork(&self) {}
+
+    fn peer(&self) -> &str {
+        &self.remote.addr
+    }
+
+    fn max_message(&self) -> usize {
+        self.max_message
+    }
+
+    fn remote(&self) -> Option<Arc<Peer>> {
+        Some(self.remote.clone())
+    }
+
+    fn recycle(&self, _: crate::payload::Payload) {}
+}
+
+/// What the caller sends after its request (stream messages, half-close,
+/// window), to the server's end of the call: as a server's dispatcher
+/// applies a client's frames.
+struct ToHandler {
+    local: Arc<Local>,
+    remote: Arc<Peer>,
+}
+
+impl Link for ToHandler {
+    fn send(
+        &self,
+        out: &OutFrame<'_>,
+        _cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), SendError> {
+        let frame = frame_of(out, self.local.shared.max_message(), fill)?;
+        self.local
+            .registry
+            .on_call_frame(FACE_QP, frame)
+            .map_err(SendError::Closed)
+    }
+
+    fn uncork(&self) {}
+
+    fn peer(&self) -> &str {
+        &self.remote.addr
+    }
+
+    fn max_message(&self) -> usize {
+        self.local.shared.max_message()
+    }
+
+    fn remote(&self) -> Option<Arc<Peer>> {
+        Some(self.remote.clone())
+    }
+
+    fn recycle(&self, _: crate::payload::Payload) {}
+}
+
+/// Cancels a call the face lets go of before it ended (the caller reset
+/// its HTTP/2 stream, or its deadline passed).
+struct FaceOwner {
+    local: Arc<Local>,
+    core: Arc<StreamCore>,
+}
+
+impl CallOwner for FaceOwner {
+    fn release(&self, call_id: CallId) {
+        if self.core.end_code().is_some() {
+            return;
+        }
+        self.core
+            .fail(Status::cancelled("the gRPC caller cancelled the call"));
+        let cancel = OutFrame {
+            kind: FrameKind::Cancel,
+            call_id,
+            method_id: 0,
+            status: 0,
+            timeout_us: 0,
+            metadata: None,
+            payload_len: 0,
+        };
+        let sent = frame_of(&cancel, usize::MAX, &mut |_| {})
+            .map_err(|e| Status::from(e).message().to_owned())
+            .and_then(|frame| self.local.registry.on_call_frame(FACE_QP, frame));
+        if let Err(why) = sent {
+            tracing::debug!(%why, "could not cancel a call of the gRPC face");
+        }
+    }
+
+    fn progress(&self) -> bool {
+        false
+    }
+
+    fn ensure_polled(&self) {}
+}
+
 /// Every gRPC path, routed to the server's methods.
 #[derive(Clone)]
 struct Proxy {
-    inner: Arc<ProxyInner>,
-}
-
-struct ProxyInner {
-    channel: Channel,
-    methods: HashMap<&'static str, &'static MethodDescriptor>,
-    max_message_size: usize,
+    local: Arc<Local>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -210,53 +476,93 @@ impl tonic::codegen::Service<http::Request<axum::body::Body>> for Proxy {
     }
 
     fn call(&mut self, request: http::Request<axum::body::Body>) -> Self::Future {
-        let inner = self.inner.clone();
+        let local = self.local.clone();
         Box::pin(async move {
             let path = request.uri().path();
-            let Some(&method) = inner.methods.get(path) else {
+            let Some((method_id, kind)) = local.shared.method(path) else {
                 let status = tonic::Status::unimplemented(format!("no method {path}"));
                 return Ok(status.into_http());
             };
+            let max = local.shared.max_message();
             let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .max_decoding_message_size(inner.max_message_size)
-                .max_encoding_message_size(inner.max_message_size);
-            let call = Call { inner, method };
-            Ok(match method.kind {
-                MethodKind::Unary => grpc.unary(call, request).await,
-                MethodKind::ServerStreaming => {
-                    grpc.server_streaming(ServerStream(call), request).await
-                }
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max);
+            let call = Call {
+                local,
+                method_id,
+                kind,
+            };
+            let trailers = Trailers::default();
+            let response = match kind {
+                MethodKind::Unary => return Ok(grpc.unary(call, request).await),
                 MethodKind::ClientStreaming => {
-                    grpc.client_streaming(ClientStream(call), request).await
+                    return Ok(grpc.client_streaming(ClientStream(call), request).await);
                 }
-                MethodKind::Streaming => grpc.streaming(Bidi(call), request).await,
-            })
+                MethodKind::ServerStreaming => {
+                    let call = ServerStream(call, trailers.clone());
+                    grpc.server_streaming(call, request).await
+                }
+                MethodKind::Streaming => {
+                    grpc.streaming(Bidi(call, trailers.clone()), request).await
+                }
+            };
+            // A stream's trailing metadata goes out with gRPC's status.
+            Ok(response.map(|body| tonic::body::Body::new(WithTrailers { body, trailers })))
         })
     }
 }
 
-/// One gRPC call, passed on to `method`.
+/// One gRPC call, started on the server's method `method_id`.
 #[derive(Clone)]
 struct Call {
-    inner: Arc<ProxyInner>,
-    method: &'static MethodDescriptor,
+    local: Arc<Local>,
+    method_id: u32,
+    kind: MethodKind,
+}
+
+/// A gRPC request's head as ours: its metadata (gRPC's own headers left
+/// out), its deadline (`grpc-timeout`) and its caller.
+struct Head {
+    metadata: Metadata,
+    timeout: Option<Duration>,
+    remote: Arc<Peer>,
 }
 
 impl Call {
-    /// Our request for `request`: its metadata (gRPC's own headers left
-    /// out) and its deadline (`grpc-timeout`).
-    fn request<T, U>(request: tonic::Request<T>, f: impl FnOnce(T) -> U) -> Request<U> {
+    /// Splits a gRPC request into our head and its message.
+    fn head<T>(request: tonic::Request<T>) -> (Head, T) {
+        let addr = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
         let (metadata, _, message) = request.into_parts();
         let timeout = metadata
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(parse_timeout);
-        let mut ours = Request::new(f(message));
-        *ours.metadata_mut() = metadata_from_grpc(&metadata);
-        if let Some(timeout) = timeout {
-            ours.set_timeout(timeout);
-        }
-        ours
+        let head = Head {
+            metadata: metadata_from_grpc(&metadata),
+            timeout,
+            remote: Arc::new(Peer {
+                addr,
+                fabric: "grpc",
+                identity: None,
+            }),
+        };
+        (head, message)
+    }
+
+    /// Starts the call with the request `first` (unary and
+    /// server-streaming calls) or the caller's request stream.
+    fn start(
+        &self,
+        head: Head,
+        first: Option<Bytes>,
+        requests: Option<Incoming>,
+    ) -> Streaming<RawMessage> {
+        let started = self.local.start(self.method_id, self.kind, head, first);
+        let pump =
+            requests.map(|r| Box::new(RequestPump::new(r, started.outbox())) as Box<dyn Pump>);
+        started.stream(pump)
     }
 }
 
@@ -270,30 +576,45 @@ impl tonic::codegen::Service<tonic::Request<Bytes>> for Call {
     }
 
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let request = Call::request(request, |b| RawMessage(b.to_vec()));
-            match this.method.kind {
-                MethodKind::Unary => {
-                    let reply: Response<RawMessage> = this
-                        .inner
-                        .channel
-                        .unary(this.method, request)
-                        .await
-                        .map_err(to_grpc)?;
-                    Ok(response_to_grpc(reply, |m| Bytes::from(m.0)))
-                }
-                _ => Err(tonic::Status::internal("a unary service for a stream")),
-            }
-        })
+        let (head, message) = Call::head(request);
+        let stream = self.start(head, Some(message), None);
+        Box::pin(answer(stream))
     }
 }
 
+/// The one response of a unary or client-streaming call, with its
+/// metadata.
+async fn answer(
+    mut stream: Streaming<RawMessage>,
+) -> Result<tonic::Response<Bytes>, tonic::Status> {
+    let mut response = None;
+    loop {
+        match std::future::poll_fn(|cx| stream.poll_raw(cx)).await {
+            Some(Ok(message)) => {
+                if response.replace(message).is_some() {
+                    return Err(tonic::Status::internal(
+                        "the handler sent more than one response",
+                    ));
+                }
+            }
+            Some(Err(status)) => return Err(to_grpc(status)),
+            None => break,
+        }
+    }
+    let message = response
+        .ok_or_else(|| tonic::Status::internal("the handler finished without a response"))?;
+    let mut out = tonic::Response::new(message);
+    *out.metadata_mut() = metadata_to_grpc(&stream.trailers().unwrap_or_default());
+    Ok(out)
+}
+
 /// A response stream as tonic sends it: the message already read to learn
-/// the initial metadata, then the rest.
+/// the initial metadata, then the rest; at its clean end, its trailing
+/// metadata is left in `trailers`.
 struct Outgoing {
     first: Option<Bytes>,
     rest: Streaming<RawMessage>,
+    trailers: Trailers,
 }
 
 impl Stream for Outgoing {
@@ -303,9 +624,73 @@ impl Stream for Outgoing {
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
-        Pin::new(&mut self.rest)
-            .poll_next(cx)
-            .map(|m| m.map(|m| m.map(|m| Bytes::from(m.0)).map_err(to_grpc)))
+        let next = self.rest.poll_raw(cx);
+        if let Poll::Ready(None) = next {
+            if let Some(trailers) = self.rest.trailers() {
+                self.trailers.set(trailers);
+            }
+        }
+        next.map(|m| m.map(|m| m.map_err(to_grpc)))
+    }
+}
+
+/// A stream's trailing metadata, from its end to the HTTP/2 trailers.
+#[derive(Clone, Default)]
+struct Trailers(Arc<std::sync::Mutex<Option<Metadata>>>);
+
+impl Trailers {
+    fn set(&self, metadata: Metadata) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(metadata);
+    }
+
+    fn take(&self) -> Option<Metadata> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// A gRPC response body whose trailers (gRPC's status) also carry the
+/// stream's trailing metadata. gRPC's own keys win over a handler's.
+struct WithTrailers {
+    body: tonic::body::Body,
+    trailers: Trailers,
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let Poll::Ready(Some(Ok(frame))) = polled else {
+            return polled;
+        };
+        let frame = match frame.into_trailers() {
+            Ok(mut trailers) => {
+                if let Some(ours) = self.trailers.take() {
+                    for (key, value) in metadata_to_grpc(&ours).into_headers() {
+                        if let Some(key) = key {
+                            if !trailers.contains_key(&key) {
+                                trailers.insert(key, value);
+                            }
+                        }
+                    }
+                }
+                http_body::Frame::trailers(trailers)
+            }
+            Err(frame) => frame,
+        };
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -319,7 +704,7 @@ impl Stream for Incoming {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RawMessage>> {
         Pin::new(&mut self.0).poll_next(cx).map(|m| match m {
-            Some(Ok(b)) => Some(RawMessage(b.to_vec())),
+            Some(Ok(b)) => Some(RawMessage(Vec::from(b))),
             Some(Err(status)) => {
                 tracing::debug!(%status, "gRPC request stream failed");
                 None
@@ -329,14 +714,15 @@ impl Stream for Incoming {
     }
 }
 
-/// A server-streaming call (tonic's service traits, one type per kind).
-struct ServerStream(Call);
+/// A server-streaming call (tonic's service traits, one type per kind),
+/// and where its trailing metadata goes.
+struct ServerStream(Call, Trailers);
 
 /// A client-streaming call.
 struct ClientStream(Call);
 
-/// A bidirectional call.
-struct Bidi(Call);
+/// A bidirectional call, and where its trailing metadata goes.
+struct Bidi(Call, Trailers);
 
 impl tonic::server::ServerStreamingService<Bytes> for ServerStream {
     type Response = Bytes;
@@ -344,12 +730,11 @@ impl tonic::server::ServerStreamingService<Bytes> for ServerStream {
     type Future = BoxFuture<Result<tonic::Response<Outgoing>, tonic::Status>>;
 
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let this = self.0.clone();
-        Box::pin(async move {
-            let request = Call::request(request, |b| RawMessage(b.to_vec()));
-            let stream = this.inner.channel.server_streaming(this.method, request);
-            started(stream).await
-        })
+        let (head, message) = Call::head(request);
+        Box::pin(started(
+            self.0.start(head, Some(message), None),
+            self.1.clone(),
+        ))
     }
 }
 
@@ -358,17 +743,8 @@ impl tonic::server::ClientStreamingService<Bytes> for ClientStream {
     type Future = BoxFuture<Result<tonic::Response<Bytes>, tonic::Status>>;
 
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
-        let this = self.0.clone();
-        Box::pin(async move {
-            let request = Call::request(request, Incoming);
-            let reply: Response<RawMessage> = this
-                .inner
-                .channel
-                .client_streaming(this.method, request)
-                .await
-                .map_err(to_grpc)?;
-            Ok(response_to_grpc(reply, |m| Bytes::from(m.0)))
-        })
+        let (head, requests) = Call::head(request);
+        Box::pin(answer(self.0.start(head, None, Some(Incoming(requests)))))
     }
 }
 
@@ -378,12 +754,11 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
     type Future = BoxFuture<Result<tonic::Response<Outgoing>, tonic::Status>>;
 
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
-        let this = self.0.clone();
-        Box::pin(async move {
-            let request = Call::request(request, Incoming);
-            let stream = this.inner.channel.streaming(this.method, request);
-            started(stream).await
-        })
+        let (head, requests) = Call::head(request);
+        Box::pin(started(
+            self.0.start(head, None, Some(Incoming(requests))),
+            self.1.clone(),
+        ))
     }
 }
 
@@ -393,18 +768,24 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
 /// status.
 async fn started(
     mut stream: Streaming<RawMessage>,
+    trailers: Trailers,
 ) -> Result<tonic::Response<Outgoing>, tonic::Status> {
-    let first = stream.message().await.map_err(to_grpc)?;
+    let first = std::future::poll_fn(|cx| stream.poll_raw(cx))
+        .await
+        .transpose()
+        .map_err(to_grpc)?;
     let metadata = stream.metadata().unwrap_or_default();
     let mut response = tonic::Response::new(Outgoing {
-        first: first.map(|m| Bytes::from(m.0)),
+        first,
         rest: stream,
+        trailers,
     });
     *response.metadata_mut() = metadata_to_grpc(&metadata);
     Ok(response)
 }
 
-/// gRPC's own headers: not metadata of the call.
+/// gRPC's own headers (besides those that start with `grpc-`, which
+/// gRPC reserves): not metadata of the call.
 const RESERVED: [&str; 9] = [
     "te",
     "content-type",
@@ -424,7 +805,7 @@ fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {
     for entry in map.iter() {
         let _ = match entry {
             KeyAndValueRef::Ascii(key, value) => {
-                if RESERVED.contains(&key.as_str()) {
+                if RESERVED.contains(&key.as_str()) || key.as_str().starts_with("grpc-") {
                     continue;
                 }
                 match value.to_str() {
@@ -432,6 +813,7 @@ fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {
                     Err(_) => continue,
                 }
             }
+            KeyAndValueRef::Binary(key, _) if key.as_str().starts_with("grpc-") => continue,
             KeyAndValueRef::Binary(key, value) => match value.to_bytes() {
                 Ok(v) => ours.insert_bin(key.as_str(), v.to_vec()),
                 Err(_) => continue,
@@ -464,20 +846,16 @@ fn metadata_to_grpc(metadata: &Metadata) -> tonic::metadata::MetadataMap {
     map
 }
 
-/// Our response as tonic's, its message mapped by `f`.
-fn response_to_grpc<T, U>(response: Response<T>, f: impl FnOnce(T) -> U) -> tonic::Response<U> {
-    let (metadata, message) = response.into_parts();
-    let mut out = tonic::Response::new(f(message));
-    *out.metadata_mut() = metadata_to_grpc(&metadata);
-    out
-}
-
-/// Our status as gRPC's (same codes).
+/// Our status as gRPC's (same codes), its metadata sent as trailers.
 fn to_grpc(status: Status) -> tonic::Status {
-    tonic::Status::new(
+    let mut out = tonic::Status::new(
         tonic::Code::from_i32(status.code() as i32),
         status.message().to_owned(),
-    )
+    );
+    if let Some(metadata) = status.metadata() {
+        *out.metadata_mut() = metadata_to_grpc(metadata);
+    }
+    out
 }
 
 /// A `grpc-timeout` value: up to 8 digits and a unit (`H`, `M`, `S`, `m`,
@@ -586,10 +964,16 @@ fn to_tonic<T, U>(request: Request<T>, f: impl FnOnce(T) -> U) -> tonic::Request
 
 /// tonic's status as ours (same codes).
 fn from_grpc(status: tonic::Status) -> Status {
-    Status::new(
+    let metadata = metadata_from_grpc(status.metadata());
+    let ours = Status::new(
         crate::Code::from_u16(status.code() as u16),
         status.message().to_owned(),
-    )
+    );
+    if metadata.is_empty() {
+        ours
+    } else {
+        ours.with_metadata(metadata)
+    }
 }
 
 /// tonic's response as ours.
@@ -598,16 +982,41 @@ fn from_tonic<T, U>(response: tonic::Response<T>, f: impl FnOnce(T) -> U) -> Res
     Response::from_parts(metadata, f(response.into_inner()))
 }
 
-/// A gRPC server's response stream, as our handler returns it.
-struct FromServer(tonic::Streaming<Bytes>);
+/// A gRPC server's response stream, as our handler returns it; at its
+/// clean end, the server's trailing metadata goes into `trailers`.
+struct FromServer {
+    stream: tonic::Streaming<Bytes>,
+    trailers: crate::Trailers,
+}
+
+impl FromServer {
+    /// The handler's response for `stream`.
+    fn response(reply: tonic::Response<tonic::Streaming<Bytes>>) -> Response<FromServer> {
+        let trailers = crate::Trailers::new();
+        from_tonic(reply, |stream| FromServer {
+            stream,
+            trailers: trailers.clone(),
+        })
+        .with_trailers(trailers)
+    }
+}
 
 impl Stream for FromServer {
     type Item = Result<RawMessage, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.0)
-            .poll_next(cx)
-            .map(|m| m.map(|m| m.map(|b| RawMessage(b.to_vec())).map_err(from_grpc)))
+        let next = Pin::new(&mut self.stream).poll_next(cx);
+        if let Poll::Ready(None) = next {
+            // Read with the end of the body: ready at once.
+            let this = &mut *self;
+            let mut trailers = std::pin::pin!(this.stream.trailers());
+            if let Poll::Ready(Ok(Some(map))) = trailers.as_mut().poll(cx) {
+                for (key, value) in metadata_from_grpc(&map).iter() {
+                    let _ = this.trailers.insert_bin(key, value.to_vec());
+                }
+            }
+        }
+        next.map(|m| m.map(|m| m.map(|b| RawMessage(b.to_vec())).map_err(from_grpc)))
     }
 }
 
@@ -671,7 +1080,7 @@ impl crate::Service for Forward {
                     .server_streaming(to_tonic(r, |m| Bytes::from(m.0)), path, RawCodec)
                     .await
                     .map_err(from_grpc)?;
-                Ok(from_tonic(reply, FromServer))
+                Ok(FromServer::response(reply))
             }),
             "client" => {
                 call.client_streaming(move |r: Request<Streaming<RawMessage>>| async move {
@@ -689,7 +1098,7 @@ impl crate::Service for Forward {
                     .streaming(to_tonic(r, ToServer), path, RawCodec)
                     .await
                     .map_err(from_grpc)?;
-                Ok(from_tonic(reply, FromServer))
+                Ok(FromServer::response(reply))
             }),
         }
     }

@@ -55,7 +55,7 @@ pub trait Service: Send + Sync + 'static {
 /// request: streams (their messages, half-close, window and cancel) and
 /// unary calls whose handlers wait (their cancel).
 #[derive(Default)]
-struct Registry {
+pub(crate) struct Registry {
     calls: Mutex<HashMap<(u32, CallId), Registered>>,
     /// How many calls `calls` holds, kept under its lock: a request looks
     /// for a live call of its id (see `contains`), and with unary handlers
@@ -111,6 +111,40 @@ impl Registry {
     }
 
     /// Takes every call of connection `qp_num`.
+    /// Applies a frame that names a call after its request (stream
+    /// traffic or a cancel) to the call; a frame that breaks the protocol
+    /// is refused with what it broke (the connection is then closed).
+    pub(crate) fn on_call_frame(&self, qp_num: u32, frame: Frame) -> Result<(), String> {
+        let h = frame.header;
+        let Some(call) = self.get(qp_num, h.call_id) else {
+            // The call ended (its answer crossed this frame), or its
+            // handler finished without waiting: nothing to tell.
+            tracing::trace!(call_id = h.call_id.0, kind = ?h.kind, "frame for a call that is not live");
+            return Ok(());
+        };
+        let applied = match (&call, h.kind) {
+            (_, FrameKind::Cancel) => {
+                self.remove(qp_num, h.call_id);
+                call.cancel(Status::cancelled("the client cancelled the call"));
+                Ok(())
+            }
+            (Registered::Stream(core), FrameKind::Message) => match frame.metadata {
+                Some(md) => core.on_message(&h, frame.payload, md),
+                None => return Err("client sent malformed stream metadata".into()),
+            },
+            (Registered::Stream(core), FrameKind::HalfClose) => {
+                core.on_end(Ok(()), None, None, false)
+            }
+            (Registered::Stream(core), FrameKind::Window) => core.on_grant(h.timeout_us),
+            (Registered::Unary(_), kind) => {
+                return Err(format!("client sent a {kind:?} frame for a unary call"));
+            }
+            // Only the kinds above are routed here.
+            (Registered::Stream(_), _) => Ok(()),
+        };
+        applied.map_err(|e| format!("stream protocol violation: {e}"))
+    }
+
     fn take_connection(&self, qp_num: u32) -> Vec<Registered> {
         let mut calls = self.lock();
         let keys: Vec<_> = calls.keys().filter(|k| k.0 == qp_num).copied().collect();
@@ -608,8 +642,14 @@ fn give_signal(mut signal: Arc<Signal>) {
     });
 }
 
-/// Runs a handler's task: on a dispatcher, to completion there (parking
-/// while it waits); elsewhere (the blocking pool), blocking the thread.
+#[cfg(feature = "grpc")]
+thread_local! {
+    /// Set while the gRPC face starts a call on one of tokio's workers:
+    /// the call's task is then spawned on that runtime, as tonic runs its
+    /// handlers, instead of blocking the worker.
+    static ON_TOKIO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Runs a call's task: on this dispatcher (parking if it waits), or to
 /// completion off one. With its `span` enabled, every poll enters it, so
 /// a handler that resumes logs inside its call; disabled, the task runs
@@ -618,6 +658,22 @@ fn run_task(span: tracing::Span, task: impl Future<Output = ()> + Send + 'static
     fn run(task: impl Future<Output = ()> + Send + 'static) {
         match Executor::current() {
             Some(exec) => exec.spawn(task),
+            #[cfg(feature = "grpc")]
+            None if ON_TOKIO.get() => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    // Polled here first, as a dispatcher runs a handler: a
+                    // handler that answers at once needs no task, and a
+                    // task of its own could wake the other worker. One that
+                    // waits becomes a task, polled again there (which
+                    // registers its real waker in place of the no-op one).
+                    let mut task = Box::pin(task);
+                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                    if task.as_mut().poll(&mut cx).is_pending() {
+                        drop(runtime.spawn(task));
+                    }
+                }
+                Err(_) => executor::block_on(task),
+            },
             None => executor::block_on(task),
         }
     }
@@ -944,11 +1000,12 @@ impl ServerBuilder {
     /// services, interceptors, deadlines, cancellation, metadata, status
     /// codes and streams, for callers that speak gRPC (other languages,
     /// grpcurl, load balancers, Kubernetes probes; add the health service
-    /// for those). Served by tonic; each call goes on to the services
-    /// through an in-process `mem://` endpoint of this server, so the
-    /// `rdma://` and `tcp://` paths are not touched. It runs on the tokio
-    /// runtime given to [`ServerBuilder::tokio_handle`], or on one of its
-    /// own (two threads, `rpc-grpc`).
+    /// for those). Served by tonic, on the tokio runtime given to
+    /// [`ServerBuilder::tokio_handle`] or on one of its own (two threads,
+    /// `rpc-grpc`): a gRPC call's handler runs on the tokio worker that
+    /// read it (a blocking service or method on the blocking pool), and
+    /// the handler sees the caller as a [`Peer`](crate::Peer) of fabric
+    /// `"grpc"`. The `rdma://` and `tcp://` paths are not touched.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), rpc_core::Status> {
@@ -974,48 +1031,21 @@ impl ServerBuilder {
         self
     }
 
-    /// Serves on `url` and gRPC on `addr`, through an in-process endpoint
-    /// serving the same services.
+    /// Serves on `url`, and gRPC on `addr` with the same services: the
+    /// face starts each call as a dispatcher would, on tokio's workers.
     #[cfg(feature = "grpc")]
     fn serve_with_grpc(self, url: &str, addr: &str) -> Result<ServerHandle, Status> {
-        static FACES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let inner_url = format!(
-            "mem://rpc-grpc-face-{}-{}",
-            std::process::id(),
-            FACES.fetch_add(1, Ordering::Relaxed)
-        );
-        let methods: Vec<&'static MethodDescriptor> = self
-            .services
-            .iter()
-            .flat_map(|(s, _)| s.descriptor().methods.iter())
-            .collect();
-        let max_message = self.config.max_message;
         let runtime = self.tokio.clone();
-        let inner = ServerBuilder {
-            services: self.services.clone(),
-            blocking_methods: self.blocking_methods.clone(),
-            config: self.config.clone(),
-            dispatchers: self.dispatchers,
-            blocking_threads: self.blocking_threads,
-            admission: self.admission.clone(),
-            max_connections: self.max_connections,
-            interceptors: self.interceptors.clone(),
-            reflection: false,
-            grpc: None,
-            fallback: None,
-            tokio: self.tokio.clone(),
-        }
-        .serve_plain(&inner_url)?;
         let mut main = self.serve_plain(url)?;
-        let channel = crate::Channel::builder(&inner_url)
-            .max_message_size(max_message)
-            .connect()?;
-        let face = crate::grpc::GrpcFace::start(addr, channel, methods, max_message, runtime)?;
+        let shared = main
+            .shared
+            .clone()
+            .ok_or_else(|| Status::internal("gRPC face: the server has no calls to share"))?;
+        let face = crate::grpc::GrpcFace::start(addr, shared, runtime)?;
         main.grpc_addr = Some(face.local_addr());
         let stopper = main.stopper.take();
         main.stopper = Some(Box::new(WithFace {
             face,
-            inner,
             main: stopper,
         }));
         Ok(main)
@@ -1120,6 +1150,7 @@ impl ServerBuilder {
             pool: BlockingPool::new("rpc-blocking", self.blocking_threads),
             draining: AtomicBool::new(false),
             inflight: Arc::new(AtomicUsize::new(0)),
+            max_message: self.config.max_message,
         });
         let mut endpoints = Vec::with_capacity(self.dispatchers);
         for _ in 0..self.dispatchers {
@@ -1174,6 +1205,8 @@ impl ServerBuilder {
         Ok(ServerHandle {
             local_url,
             grpc_addr: None,
+            #[cfg(feature = "grpc")]
+            shared: Some(shared.clone()),
             stopper: Some(Box::new(ServerStopper {
                 endpoints,
                 shared,
@@ -1313,7 +1346,7 @@ fn call_service(service: &dyn Service, call: ServerCall) {
 }
 
 /// What a server's dispatchers share: routes and shutdown state.
-struct ServerShared {
+pub(crate) struct ServerShared {
     routes: IdMap<Route>,
     /// See `ServerBuilder::fallback`.
     fallback: Option<Arc<dyn Service>>,
@@ -1321,6 +1354,155 @@ struct ServerShared {
     pool: BlockingPool,
     draining: AtomicBool,
     inflight: Arc<AtomicUsize>,
+    /// The largest message the server accepts (the gRPC face's limit).
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+    max_message: usize,
+}
+
+/// A request as it arrived: on a connection of a fabric, or through the
+/// gRPC face.
+pub(crate) struct NewCall<'a> {
+    /// The connection's queue pair number (calls' ids are per connection).
+    pub(crate) qp_num: u32,
+    pub(crate) call_id: CallId,
+    pub(crate) method_id: u32,
+    /// The caller's timeout in microseconds; 0 for none.
+    pub(crate) timeout_us: u32,
+    /// The request's metadata; `None` if it did not decode.
+    pub(crate) metadata: Option<Metadata>,
+    pub(crate) payload: crate::payload::Payload,
+    /// Where the call's answer and stream frames go.
+    pub(crate) sink: Arc<dyn Link>,
+    pub(crate) remote: &'a Arc<crate::Peer>,
+}
+
+impl ServerShared {
+    /// Starts a call: routes it, runs the interceptors, registers it in
+    /// `registry` if later frames may name it, and runs its handler (here,
+    /// or on the blocking pool). Every failure is answered on the call's
+    /// sink.
+    pub(crate) fn start_call(&self, registry: &Arc<Registry>, incoming: NewCall<'_>) {
+        let shared = self;
+        let NewCall {
+            qp_num,
+            call_id,
+            method_id,
+            timeout_us,
+            metadata,
+            payload,
+            sink,
+            remote,
+        } = incoming;
+        shared.inflight.fetch_add(1, Ordering::AcqRel);
+        let deadline =
+            (timeout_us > 0).then(|| Instant::now() + Duration::from_micros(timeout_us as u64));
+        let mut call = ServerCall {
+            method_id,
+            call_id,
+            qp_num,
+            metadata: Metadata::new(),
+            payload,
+            deadline,
+            sink: Some(sink),
+            inflight: shared.inflight.clone(),
+            registry: registry.clone(),
+            registered: false,
+            core: None,
+            signal: None,
+            obs: None,
+        };
+        let Some(metadata) = metadata else {
+            return call.reply_err(&Status::invalid_argument("request metadata is malformed"));
+        };
+        call.metadata = metadata;
+        if shared.draining.load(Ordering::Acquire) {
+            return call.reply_err(&Status::unavailable("server is shutting down"));
+        }
+        let fallback;
+        let route = match shared.routes.get(&method_id) {
+            Some(route) => route,
+            None => match (&shared.fallback, fallback_kind(&call.metadata)) {
+                (Some(service), Some(kind)) => {
+                    fallback = Route {
+                        path: "/*",
+                        service: service.clone(),
+                        blocking: false,
+                        kind,
+                    };
+                    &fallback
+                }
+                _ => return call.unimplemented(),
+            },
+        };
+        let obs = CallObs::server(route.path, remote, &call.metadata);
+        let span = obs.span().clone();
+        let _in = span.enter();
+        call.obs = Some(obs);
+        if !shared.interceptors.is_empty() {
+            let peer = Some(&**remote);
+            if let Err(status) = shared
+                .interceptors
+                .run(route.path, &mut call.metadata, peer)
+            {
+                return call.reply_err(&status);
+            }
+        }
+        // A stream, or a call handed to another thread, is registered now:
+        // its next frames may arrive before its handler runs.
+        if route.kind != MethodKind::Unary {
+            let core = StreamCore::new(DEFAULT_WINDOW, route.kind.client_streams());
+            registry.insert(qp_num, call_id, Registered::Stream(core.clone()));
+            call.core = Some(core);
+            call.registered = true;
+        } else if route.blocking {
+            let signal = take_signal();
+            registry.insert(qp_num, call_id, Registered::Unary(signal.clone()));
+            call.signal = Some(signal);
+            call.registered = true;
+        }
+        if route.blocking {
+            let service = route.service.clone();
+            let span = call.span();
+            shared.pool.execute_for(
+                u64::from(qp_num),
+                Box::new(move || {
+                    let _in = span.enter();
+                    call_service(&*service, call)
+                }),
+            );
+        } else {
+            call_service(&*route.service, call);
+        }
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl ServerShared {
+    /// The id and kind of the method at `path`, if the server has it.
+    pub(crate) fn method(&self, path: &str) -> Option<(u32, MethodKind)> {
+        let id = crate::descriptor::method_id(path);
+        let route = self.routes.get(&id).filter(|r| r.path == path)?;
+        Some((id, route.kind))
+    }
+
+    /// The largest message the server accepts.
+    pub(crate) fn max_message(&self) -> usize {
+        self.max_message
+    }
+
+    /// [`ServerShared::start_call`] on a tokio worker (the gRPC face): a
+    /// handler that waits becomes a task of that runtime.
+    pub(crate) fn start_call_on_tokio(&self, registry: &Arc<Registry>, call: NewCall<'_>) {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                ON_TOKIO.set(false);
+            }
+        }
+        ON_TOKIO.set(true);
+        let _reset = Reset;
+        self.start_call(registry, call);
+    }
 }
 
 /// The server's side of one dispatcher: routes requests to handlers.
@@ -1358,90 +1540,20 @@ impl<F: Fabric> Role<F> for ServerRole {
             );
             return;
         }
-        let shared = &self.shared;
-        shared.inflight.fetch_add(1, Ordering::AcqRel);
-        let deadline =
-            (h.timeout_us > 0).then(|| Instant::now() + Duration::from_micros(h.timeout_us as u64));
         let sink: Arc<dyn Link> = conn.clone();
-        let mut call = ServerCall {
-            method_id: h.method_id,
-            call_id: h.call_id,
-            qp_num: conn.qp_num,
-            metadata: Metadata::new(),
-            payload: frame.payload,
-            deadline,
-            sink: Some(sink),
-            inflight: shared.inflight.clone(),
-            registry: self.registry.clone(),
-            registered: false,
-            core: None,
-            signal: None,
-            obs: None,
-        };
-        let Some(metadata) = frame.metadata else {
-            return call.reply_err(&Status::invalid_argument("request metadata is malformed"));
-        };
-        call.metadata = metadata;
-        if shared.draining.load(Ordering::Acquire) {
-            return call.reply_err(&Status::unavailable("server is shutting down"));
-        }
-        let fallback;
-        let route = match shared.routes.get(&h.method_id) {
-            Some(route) => route,
-            None => match (&shared.fallback, fallback_kind(&call.metadata)) {
-                (Some(service), Some(kind)) => {
-                    fallback = Route {
-                        path: "/*",
-                        service: service.clone(),
-                        blocking: false,
-                        kind,
-                    };
-                    &fallback
-                }
-                _ => return call.unimplemented(),
+        self.shared.start_call(
+            &self.registry,
+            NewCall {
+                qp_num: conn.qp_num,
+                call_id: h.call_id,
+                method_id: h.method_id,
+                timeout_us: h.timeout_us,
+                metadata: frame.metadata,
+                payload: frame.payload,
+                sink,
+                remote: &conn.remote,
             },
-        };
-        let obs = CallObs::server(route.path, &conn.remote, &call.metadata);
-        let span = obs.span().clone();
-        let _in = span.enter();
-        call.obs = Some(obs);
-        if !shared.interceptors.is_empty() {
-            let peer = Some(&*conn.remote);
-            if let Err(status) = shared
-                .interceptors
-                .run(route.path, &mut call.metadata, peer)
-            {
-                return call.reply_err(&status);
-            }
-        }
-        // A stream, or a call handed to another thread, is registered now:
-        // its next frames may arrive before its handler runs.
-        if route.kind != MethodKind::Unary {
-            let core = StreamCore::new(DEFAULT_WINDOW, route.kind.client_streams());
-            self.registry
-                .insert(conn.qp_num, h.call_id, Registered::Stream(core.clone()));
-            call.core = Some(core);
-            call.registered = true;
-        } else if route.blocking {
-            let signal = take_signal();
-            self.registry
-                .insert(conn.qp_num, h.call_id, Registered::Unary(signal.clone()));
-            call.signal = Some(signal);
-            call.registered = true;
-        }
-        if route.blocking {
-            let service = route.service.clone();
-            let span = call.span();
-            shared.pool.execute_for(
-                u64::from(conn.qp_num),
-                Box::new(move || {
-                    let _in = span.enter();
-                    call_service(&*service, call)
-                }),
-            );
-        } else {
-            call_service(&*route.service, call);
-        }
+        );
     }
 
     fn on_lost(&self, conn: &Arc<Conn<F>>, why: &str) {
@@ -1460,42 +1572,8 @@ impl<F: Fabric> Role<F> for ServerRole {
 impl ServerRole {
     /// A frame for a call after its request: stream traffic or a cancel.
     fn on_call_frame<F: Fabric>(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
-        let h = frame.header;
-        let Some(call) = self.registry.get(conn.qp_num, h.call_id) else {
-            // The call ended (its answer crossed this frame), or its
-            // handler finished without waiting: nothing to tell.
-            tracing::trace!(call_id = h.call_id.0, kind = ?h.kind, "frame for a call that is not live");
-            return;
-        };
-        let applied = match (&call, h.kind) {
-            (_, FrameKind::Cancel) => {
-                self.registry.remove(conn.qp_num, h.call_id);
-                call.cancel(Status::cancelled("the client cancelled the call"));
-                Ok(())
-            }
-            (Registered::Stream(core), FrameKind::Message) => match frame.metadata {
-                Some(md) => core.on_message(&h, frame.payload, md),
-                None => {
-                    ep.close_for_violation(conn, "client sent malformed stream metadata");
-                    return;
-                }
-            },
-            (Registered::Stream(core), FrameKind::HalfClose) => {
-                core.on_end(Ok(()), None, None, false)
-            }
-            (Registered::Stream(core), FrameKind::Window) => core.on_grant(h.timeout_us),
-            (Registered::Unary(_), kind) => {
-                ep.close_for_violation(
-                    conn,
-                    &format!("client sent a {kind:?} frame for a unary call"),
-                );
-                return;
-            }
-            // Only the kinds above are routed here.
-            (Registered::Stream(_), _) => Ok(()),
-        };
-        if let Err(e) = applied {
-            ep.close_for_violation(conn, &format!("stream protocol violation: {e}"));
+        if let Err(violation) = self.registry.on_call_frame(conn.qp_num, frame) {
+            ep.close_for_violation(conn, &violation);
         }
     }
 }
@@ -1519,12 +1597,10 @@ trait Stop: Send {
 }
 
 /// A server with a gRPC face: the face stops accepting first (its calls
-/// under way end within the grace period), then the in-process server it
-/// calls, then the server itself.
+/// under way end within the grace period), then the server itself.
 #[cfg(feature = "grpc")]
 struct WithFace {
     face: crate::grpc::GrpcFace,
-    inner: ServerHandle,
     main: Option<Box<dyn Stop>>,
 }
 
@@ -1532,7 +1608,6 @@ struct WithFace {
 impl Stop for WithFace {
     fn stop(&mut self, grace: Duration) {
         self.face.stop(grace);
-        self.inner.stop(grace);
         if let Some(mut main) = self.main.take() {
             main.stop(grace);
         }
@@ -1631,6 +1706,9 @@ pub struct ServerHandle {
     local_url: String,
     /// Where the gRPC face listens, if the server has one.
     grpc_addr: Option<std::net::SocketAddr>,
+    /// What the gRPC face starts its calls on.
+    #[cfg(feature = "grpc")]
+    shared: Option<Arc<ServerShared>>,
     stopper: Option<Box<dyn Stop>>,
 }
 

@@ -1036,7 +1036,7 @@ impl<T> Streaming<T> {
     }
 
     /// Polls for the next raw message, driving the request pump first.
-    fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
+    pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
         if self.poll_opened(cx).is_pending() {
             return Poll::Pending;
         }

@@ -307,8 +307,14 @@ impl Probe {
 /// - `reply-len`: answer a payload of that many bytes and no metadata,
 ///   instead of the echo;
 /// - `report-deadline`: add `deadline-left-ms` to the echoed metadata,
-///   what is left of the call's deadline (-1: none).
+///   what is left of the call's deadline (-1: none);
+/// - `fail-with`: fail `FailedPrecondition`, the value as the status's
+///   `detail` metadata (gRPC's trailers);
+/// - `who`: answer the caller's fabric and address as the server saw them
+///   (`peer-fabric`, `peer-addr`).
 ///
+/// `Stream` calls with `trailer` send its value as the trailing metadata
+/// `x-trailer` at the stream's end.
 /// Without any of these it echoes payload and metadata, like
 /// [`examples::services::EchoService`].
 #[derive(Debug, Clone)]
@@ -330,6 +336,11 @@ impl Echo for TestEcho {
         }
         if let Some(ms) = md.get("sleep-ms") {
             std::thread::sleep(Duration::from_millis(ms.parse().expect("sleep-ms")));
+        }
+        if let Some(detail) = md.get("fail-with") {
+            let mut metadata = rpc_core::Metadata::new();
+            metadata.insert("detail", detail).unwrap();
+            return Err(Status::failed_precondition("as asked").with_metadata(metadata));
         }
         if let Some(message) = md.get("panic") {
             panic!("{message}");
@@ -384,7 +395,16 @@ impl Echo for TestEcho {
         &self,
         request: Request<examples::echo::StreamRequest>,
     ) -> Result<Response<Self::StreamStream>, Status> {
-        examples::services::EchoService.stream(request).await
+        let trailer = request.metadata().get("trailer").map(str::to_owned);
+        let response = examples::services::EchoService.stream(request).await?;
+        Ok(match trailer {
+            Some(value) => {
+                let trailers = rpc_core::Trailers::new();
+                trailers.insert("x-trailer", value).unwrap();
+                response.with_trailers(trailers)
+            }
+            None => response,
+        })
     }
 }
 

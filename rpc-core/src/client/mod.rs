@@ -1976,7 +1976,7 @@ impl ClientRole {
 }
 
 /// The status an `Error` frame carries.
-fn error_status(frame: &Frame) -> Status {
+pub(crate) fn error_status(frame: &Frame) -> Status {
     let message = String::from_utf8_lossy(&frame.payload).into_owned();
     let status = Status::new(Code::from_u16(frame.header.status), message);
     match &frame.metadata {

@@ -86,6 +86,7 @@ impl FakePeer {
             pool: BlockingPool::new("rpc-blocking", builder.blocking_threads),
             draining: AtomicBool::new(false),
             inflight: Arc::new(AtomicUsize::new(0)),
+            max_message: config.max_message,
         });
         let role = ServerRole {
             shared: shared.clone(),
