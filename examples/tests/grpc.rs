@@ -610,3 +610,68 @@ fn a_grpc_url_carries_trailers_and_the_caller() {
         drop(server);
     });
 }
+
+/// With the server's TLS settings (mutual TLS here) the face serves TLS
+/// too: `grpc://` reaches it with a channel's TLS settings, the handler
+/// sees the name in the client's certificate, and a client without one,
+/// or without TLS, is refused.
+#[test]
+fn the_grpc_face_and_grpc_urls_speak_mutual_tls() {
+    use common::certs::Ca;
+    use rpc_core::tls::{ClientTlsConfig, ServerTlsConfig};
+    watchdog(|| {
+        let ca = Ca::new("gRPC test CA");
+        let probe = Probe::new();
+        let tls = ServerTlsConfig::new()
+            .identity(ca.server_identity(TCP_ANY))
+            .client_ca_root(ca.certificate());
+        let server = serve(
+            test_server(&probe)
+                .tls_config(tls)
+                .unwrap()
+                .grpc("127.0.0.1:0"),
+            TCP_ANY,
+        );
+        let url = format!("grpc://{}", server.grpc_addr().unwrap());
+        let who = |channel: rpc_core::Channel| {
+            let mut request =
+                rpc_core::Request::new(examples::echo::EchoRequest { payload: vec![] });
+            request.metadata_mut().insert("who", "1").unwrap();
+            examples::echo::echo_client::EchoClient::new(channel)
+                .echo(request)
+                .wait()
+        };
+        let client = ClientTlsConfig::new()
+            .ca_certificate(ca.certificate())
+            .identity(ca.identity(&["client.test"], "a client"));
+        let channel = rpc_core::Channel::builder(&url)
+            .timeout(LIMIT)
+            .tls_config(client)
+            .unwrap()
+            .connect()
+            .unwrap();
+        let reply = who(channel).unwrap();
+        assert_eq!(reply.metadata().get("peer-fabric"), Some("grpc"));
+        assert_eq!(reply.metadata().get("peer-identity"), Some("client.test"));
+
+        // TLS without a client certificate: refused by the handshake.
+        let anonymous = ClientTlsConfig::new().ca_certificate(ca.certificate());
+        let channel = rpc_core::Channel::builder(&url)
+            .timeout(LIMIT)
+            .tls_config(anonymous)
+            .unwrap()
+            .connect()
+            .unwrap();
+        let e = who(channel).unwrap_err();
+        assert_eq!(e.code(), rpc_core::Code::Unavailable, "{e:?}");
+
+        // Plain HTTP/2 to a TLS face: refused too.
+        let channel = rpc_core::Channel::builder(&url)
+            .timeout(LIMIT)
+            .connect()
+            .unwrap();
+        let e = who(channel).unwrap_err();
+        assert_eq!(e.code(), rpc_core::Code::Unavailable, "{e:?}");
+        drop(server);
+    });
+}

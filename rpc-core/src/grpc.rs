@@ -35,6 +35,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
+/// The face's TLS settings: the server's own, for tonic.
+#[cfg(feature = "tls")]
+pub(crate) type FaceTls = tonic::transport::ServerTlsConfig;
+/// Without TLS there are none.
+#[cfg(not(feature = "tls"))]
+pub(crate) type FaceTls = std::convert::Infallible;
+
 /// The gRPC face of a running server: its listener's task, stopped with
 /// the server.
 pub(crate) struct GrpcFace {
@@ -61,7 +68,17 @@ impl GrpcFace {
         addr: &str,
         shared: Arc<ServerShared>,
         handle: Option<tokio::runtime::Handle>,
+        tls: Option<FaceTls>,
     ) -> Result<GrpcFace, Status> {
+        let mut server = tonic::transport::Server::builder();
+        #[cfg(feature = "tls")]
+        if let Some(tls) = tls {
+            server = server
+                .tls_config(tls)
+                .map_err(|e| Status::invalid_argument(format!("gRPC face: TLS: {e}")))?;
+        }
+        #[cfg(not(feature = "tls"))]
+        let _: Option<FaceTls> = tls;
         let listener = std::net::TcpListener::bind(addr)
             .map_err(|e| Status::unavailable(format!("gRPC face: cannot listen on {addr}: {e}")))?;
         listener
@@ -98,7 +115,7 @@ impl GrpcFace {
         handle.spawn(async move {
             let incoming =
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let served = tonic::transport::Server::builder()
+            let served = server
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stopped.await;
@@ -534,6 +551,13 @@ impl Call {
         let addr = request
             .remote_addr()
             .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        // The name in a client's certificate, under mutual TLS.
+        #[cfg(feature = "tls")]
+        let identity = request
+            .peer_certs()
+            .and_then(|certs| certs.first().and_then(crate::fabric::tls::identity_of));
+        #[cfg(not(feature = "tls"))]
+        let identity = None;
         let (metadata, _, message) = request.into_parts();
         let timeout = metadata
             .get("grpc-timeout")
@@ -545,7 +569,7 @@ impl Call {
             remote: Arc::new(Peer {
                 addr,
                 fabric: "grpc",
-                identity: None,
+                identity,
             }),
         };
         (head, message)
@@ -921,23 +945,73 @@ static FORWARD: crate::codegen::ServiceDescriptor = crate::codegen::ServiceDescr
     methods: &[],
 };
 
+/// The TLS settings of `grpc://` channels, numbered: a call names its
+/// channel's by number ([`crate::client::GATEWAY_TLS`]). Equal settings
+/// share a number, so the list grows only with distinct settings.
+#[cfg(feature = "tls")]
+static GATEWAY_TLS: std::sync::Mutex<Vec<crate::tls::ClientTlsConfig>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The number of `config` among the gateway's TLS settings.
+#[cfg(feature = "tls")]
+pub(crate) fn gateway_tls(config: &crate::tls::ClientTlsConfig) -> String {
+    let mut known = GATEWAY_TLS.lock().unwrap_or_else(|e| e.into_inner());
+    let n = match known.iter().position(|c| c.same_as(config)) {
+        Some(n) => n,
+        None => {
+            known.push(config.clone());
+            known.len() - 1
+        }
+    };
+    n.to_string()
+}
+
+/// tonic's TLS settings numbered `n`.
+#[cfg(feature = "tls")]
+fn gateway_tls_config(n: &str) -> Option<tonic::transport::ClientTlsConfig> {
+    let known = GATEWAY_TLS.lock().unwrap_or_else(|e| e.into_inner());
+    Some(known.get(n.parse::<usize>().ok()?)?.to_tonic())
+}
+
 /// Passes calls on to gRPC servers: the gateway's fallback.
 struct Forward {
-    /// One tonic channel (HTTP/2 connection, reconnecting) per server.
-    channels: std::sync::Mutex<HashMap<String, tonic::transport::Channel>>,
+    /// One tonic channel (HTTP/2 connection, reconnecting) per server and
+    /// TLS settings.
+    channels: std::sync::Mutex<HashMap<(String, Option<String>), tonic::transport::Channel>>,
 }
 
 impl Forward {
-    fn channel(&self, target: &str) -> Result<tonic::transport::Channel, Status> {
+    /// The channel to `target`, over TLS with the settings numbered `tls`.
+    fn channel(
+        &self,
+        target: &str,
+        tls: Option<&str>,
+    ) -> Result<tonic::transport::Channel, Status> {
+        let key = (target.to_owned(), tls.map(str::to_owned));
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = channels.get(target) {
+        if let Some(c) = channels.get(&key) {
             return Ok(c.clone());
         }
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{target}"))
-            .map_err(|e| Status::invalid_argument(format!("grpc://{target}: {e}")))?
-            .tcp_nodelay(true)
-            .connect_lazy();
-        channels.insert(target.to_owned(), channel.clone());
+        let bad =
+            |e: &dyn std::fmt::Display| Status::invalid_argument(format!("grpc://{target}: {e}"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{target}"))
+            .map_err(|e| bad(&e))?
+            .tcp_nodelay(true);
+        if let Some(n) = tls {
+            #[cfg(feature = "tls")]
+            {
+                let config = gateway_tls_config(n).ok_or_else(|| {
+                    Status::internal(format!("gRPC gateway: no TLS settings {n}"))
+                })?;
+                endpoint = endpoint.tls_config(config).map_err(|e| bad(&e))?;
+            }
+            #[cfg(not(feature = "tls"))]
+            return Err(bad(&format!("TLS settings {n}, and no TLS in this build")));
+        }
+        let channel = endpoint.connect_lazy();
+        channels.insert(key, channel.clone());
         Ok(channel)
     }
 }
@@ -950,6 +1024,7 @@ fn to_tonic<T, U>(request: Request<T>, f: impl FnOnce(T) -> U) -> tonic::Request
     for key in [
         crate::client::GATEWAY_TARGET,
         crate::client::GATEWAY_PATH,
+        crate::client::GATEWAY_TLS,
         crate::server::FALLBACK_KIND,
     ] {
         metadata.remove(key);
@@ -964,6 +1039,15 @@ fn to_tonic<T, U>(request: Request<T>, f: impl FnOnce(T) -> U) -> tonic::Request
 
 /// tonic's status as ours (same codes).
 fn from_grpc(status: tonic::Status) -> Status {
+    use std::error::Error;
+    // A status tonic made of a transport error (it has a source): the
+    // connection failed or the server hung up (a TLS handshake that
+    // refused us, say), whatever code tonic chose for it.
+    if let (Some(source), tonic::Code::Cancelled | tonic::Code::Unknown) =
+        (status.source(), status.code())
+    {
+        return Status::unavailable(format!("gRPC server: {}: {source}", status.message()));
+    }
     let metadata = metadata_from_grpc(status.metadata());
     let ours = Status::new(
         crate::Code::from_u16(status.code() as u16),
@@ -1061,10 +1145,11 @@ impl crate::Service for Forward {
             .get(crate::client::GATEWAY_PATH)
             .and_then(|p| http::uri::PathAndQuery::try_from(p).ok());
         let kind = md.get(crate::server::FALLBACK_KIND).map(str::to_owned);
+        let tls = md.get(crate::client::GATEWAY_TLS).map(str::to_owned);
         let (Some(target), Some(path), Some(kind)) = (target, path, kind) else {
             return call.unimplemented();
         };
-        let channel = self.channel(&target);
+        let channel = self.channel(&target, tls.as_deref());
         match kind.as_str() {
             "unary" => call.unary_async(move |r: Request<RawMessage>| async move {
                 let mut grpc = ready(channel).await?;

@@ -1007,6 +1007,14 @@ impl ServerBuilder {
     /// the handler sees the caller as a [`Peer`](crate::Peer) of fabric
     /// `"grpc"`. The `rdma://` and `tcp://` paths are not touched.
     ///
+    /// With [`ServerBuilder::tls_config`] the face serves TLS too, with
+    /// the same certificate and, for mutual TLS, the same client CA (the
+    /// name in a client's certificate is then the peer's identity). The
+    /// server's [`authenticator`](ServerBuilder::authenticator) is a
+    /// handshake of our fabrics that gRPC does not have: it does not guard
+    /// the face. Guard it with mutual TLS or an
+    /// [`interceptor`](ServerBuilder::interceptor).
+    ///
     /// ```no_run
     /// # fn main() -> Result<(), rpc_core::Status> {
     /// # struct Kv; impl rpc_core::Service for Kv { fn descriptor(&self) -> &'static rpc_core::server::ServiceDescriptor { unimplemented!() } fn call(&self, _: rpc_core::ServerCall) {} }
@@ -1036,12 +1044,16 @@ impl ServerBuilder {
     #[cfg(feature = "grpc")]
     fn serve_with_grpc(self, url: &str, addr: &str) -> Result<ServerHandle, Status> {
         let runtime = self.tokio.clone();
+        #[cfg(feature = "tls")]
+        let tls = self.admission.tls.as_ref().map(|t| t.source.to_tonic());
+        #[cfg(not(feature = "tls"))]
+        let tls = None;
         let mut main = self.serve_plain(url)?;
         let shared = main
             .shared
             .clone()
             .ok_or_else(|| Status::internal("gRPC face: the server has no calls to share"))?;
-        let face = crate::grpc::GrpcFace::start(addr, shared, runtime)?;
+        let face = crate::grpc::GrpcFace::start(addr, shared, runtime, tls)?;
         main.grpc_addr = Some(face.local_addr());
         let stopper = main.stopper.take();
         main.stopper = Some(Box::new(WithFace {

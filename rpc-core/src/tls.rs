@@ -285,6 +285,8 @@ impl ServerTlsConfig {
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         Ok(ServerTls {
             config: Arc::new(config),
+            #[cfg(feature = "grpc")]
+            source: self.clone(),
         })
     }
 }
@@ -371,6 +373,67 @@ impl ClientTlsConfig {
         Ok(ClientTls {
             config: Arc::new(config),
             domain,
+            #[cfg(feature = "grpc")]
+            source: self.clone(),
         })
+    }
+}
+
+/// The same settings for tonic (the gRPC face, and `grpc://`), from the
+/// same PEM text: tonic parses them again with the same `ring` provider.
+#[cfg(feature = "grpc")]
+mod for_tonic {
+    use super::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+    use tonic::transport as t;
+
+    fn certificate(c: &Certificate) -> t::Certificate {
+        t::Certificate::from_pem(&c.pem)
+    }
+
+    fn identity(i: &Identity) -> t::Identity {
+        t::Identity::from_pem(&i.cert.pem, &i.key)
+    }
+
+    impl ServerTlsConfig {
+        /// tonic's server settings for the gRPC face.
+        pub(crate) fn to_tonic(&self) -> t::ServerTlsConfig {
+            let mut config = t::ServerTlsConfig::new();
+            if let Some(id) = &self.identity {
+                config = config.identity(identity(id));
+            }
+            if let Some(ca) = &self.client_ca_root {
+                config = config
+                    .client_ca_root(certificate(ca))
+                    .client_auth_optional(self.client_auth_optional);
+            }
+            config
+        }
+    }
+
+    impl ClientTlsConfig {
+        /// tonic's client settings for a `grpc://` server.
+        pub(crate) fn to_tonic(&self) -> t::ClientTlsConfig {
+            let mut config =
+                t::ClientTlsConfig::new().ca_certificates(self.cas.iter().map(certificate));
+            if let Some(domain) = &self.domain {
+                config = config.domain_name(domain.clone());
+            }
+            if let Some(id) = &self.identity {
+                config = config.identity(identity(id));
+            }
+            config
+        }
+
+        /// Whether `other` says the same (the same PEM text and name).
+        pub(crate) fn same_as(&self, other: &ClientTlsConfig) -> bool {
+            let id = |i: &Option<Identity>| i.as_ref().map(|i| (i.cert.pem.clone(), i.key.clone()));
+            self.domain == other.domain
+                && self
+                    .cas
+                    .iter()
+                    .map(|c| &c.pem)
+                    .eq(other.cas.iter().map(|c| &c.pem))
+                && id(&self.identity) == id(&other.identity)
+        }
     }
 }

@@ -217,6 +217,9 @@ impl prost::Message for Encoded {
 pub(crate) const GATEWAY_TARGET: &str = "rpc-gateway-target";
 /// The metadata key naming a `grpc://` call's method path, for the gateway.
 pub(crate) const GATEWAY_PATH: &str = "rpc-gateway-path";
+/// The metadata key naming the TLS settings of a `grpc://` call's channel
+/// (registered with the gateway), if it has any.
+pub(crate) const GATEWAY_TLS: &str = "rpc-gateway-tls";
 
 /// One connection of a channel, shared by the calls made on it.
 struct Connection {
@@ -227,6 +230,8 @@ struct Connection {
     spin: Duration,
     /// Calls and streams of this channel outstanding on it.
     outstanding: AtomicUsize,
+    /// A `grpc://` connection's TLS settings, as the gateway knows them.
+    gateway_tls: Option<String>,
 }
 
 enum ClientInner {
@@ -1447,11 +1452,19 @@ impl Connection {
                 ));
             }
         };
+        #[cfg(all(feature = "grpc", feature = "tls"))]
+        let gateway_tls = match (url.scheme, &settings.tls) {
+            (Scheme::Grpc, Some(tls)) => Some(crate::grpc::gateway_tls(&tls.source)),
+            _ => None,
+        };
+        #[cfg(not(all(feature = "grpc", feature = "tls")))]
+        let gateway_tls = None;
         Ok(Connection {
             url: url.clone(),
             client,
             spin: config.spin,
             outstanding: AtomicUsize::new(0),
+            gateway_tls,
         })
     }
 
@@ -1469,6 +1482,9 @@ impl Connection {
         let mut with = metadata.clone();
         let _ = with.insert(GATEWAY_TARGET, self.url.socket_addr());
         let _ = with.insert(GATEWAY_PATH, method.path);
+        if let Some(tls) = &self.gateway_tls {
+            let _ = with.insert(GATEWAY_TLS, tls.as_str());
+        }
         let _ = with.insert(
             crate::server::FALLBACK_KIND,
             crate::server::fallback_kind_name(method.kind),

@@ -52,6 +52,9 @@ mod imp {
     #[derive(Clone)]
     pub struct ServerTls {
         pub(crate) config: Arc<rustls::ServerConfig>,
+        /// What it was built from (the gRPC face builds tonic's from it).
+        #[cfg(feature = "grpc")]
+        pub(crate) source: crate::tls::ServerTlsConfig,
     }
 
     impl std::fmt::Debug for ServerTls {
@@ -68,6 +71,9 @@ mod imp {
         /// The name the server's certificate must carry; by default the
         /// URL's host.
         pub(crate) domain: Option<ServerName<'static>>,
+        /// What it was built from (`grpc://` builds tonic's from it).
+        #[cfg(feature = "grpc")]
+        pub(crate) source: crate::tls::ClientTlsConfig,
     }
 
     impl std::fmt::Debug for ClientTls {
@@ -676,5 +682,7 @@ mod imp {
     }
 }
 
+#[cfg(all(feature = "tls", feature = "grpc"))]
+pub(crate) use imp::identity_of;
 pub use imp::{ClientTls, ServerTls, Session};
 pub(crate) use imp::{client_failure, client_handshake, refuse, send_nonblocking, server_failure};
