@@ -38,6 +38,11 @@ pub const FABRICS: &[(&str, Kind, &str)] = &[
         "rdma-rpc on tcp:// in the clear; ours: tcp:// over TLS",
     ),
     (
+        "grpc-face",
+        Kind::Tonic,
+        "tonic's own server; ours: our server's gRPC face (tonic's clients both)",
+    ),
+    (
         "rdma",
         Kind::Perftest,
         "perftest ib_write_lat / ib_write_bw",
