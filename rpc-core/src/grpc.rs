@@ -213,8 +213,8 @@ impl Decoder for RawCodec {
 /// server's shared state as a dispatcher starts a request (routes,
 /// interceptors, deadline, the blocking pool), with its handler run on the
 /// tokio worker that read it. No ring and no dispatcher sit between them:
-/// the call's frames pass through [`ToHandler`] and [`ToFace`], the two
-/// ends of an in-process link, into the same stream state (windows,
+/// the call's frames pass through two [`LocalLink`]s, one towards each
+/// end, into the same stream state (windows,
 /// half-close, cancel) that a connection's frames reach.
 struct Local {
     shared: Arc<ServerShared>,
@@ -260,11 +260,14 @@ impl Local {
     ) -> Started {
         let call_id = CallId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let core = StreamCore::new(DEFAULT_WINDOW, kind.server_streams());
-        let to_face: Arc<dyn Link> = Arc::new(ToFace {
-            core: core.clone(),
-            final_message: !kind.server_streams(),
+        let max_message = self.shared.max_message();
+        let to_face: Arc<dyn Link> = Arc::new(LocalLink {
             remote: head.remote.clone(),
-            max_message: self.shared.max_message(),
+            max_message,
+            to: To::Face {
+                core: core.clone(),
+                final_message: !kind.server_streams(),
+            },
         });
         let timeout_us = head
             .timeout
@@ -284,9 +287,10 @@ impl Local {
         );
         Started {
             core: core.clone(),
-            link: Arc::new(ToHandler {
-                local: self.clone(),
+            link: Arc::new(LocalLink {
                 remote: head.remote,
+                max_message,
+                to: To::Handler(self.clone()),
             }),
             call_id,
             owner: Arc::new(FaceOwner {
@@ -331,42 +335,45 @@ fn frame_of(
     })
 }
 
-/// What the handler sends, to the face's end of the call: as a client's
-/// dispatcher applies a server's frames to a stream.
-struct ToFace {
-    core: Arc<StreamCore>,
-    /// The response is one message, in the final frame (unary and
-    /// client-streaming calls).
-    final_message: bool,
+/// One end of a face call's in-process link: what would be a connection.
+struct LocalLink {
     remote: Arc<Peer>,
     max_message: usize,
+    to: To,
 }
 
-impl Link for ToFace {
-    fn send(
-        &self,
-        out: &OutFrame<'_>,
-        _cork: bool,
-        fill: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), SendError> {
-        if self.core.is_over() {
-            return Err(SendError::Closed("the gRPC caller went away".into()));
-        }
-        let frame = frame_of(out, self.max_message, fill)?;
+/// Where a [`LocalLink`]'s frames go.
+enum To {
+    /// What the handler sends, to the face's end of the call: as a
+    /// client's dispatcher applies a server's frames to a stream. With
+    /// `final_message`, the response is one message, in the final frame
+    /// (unary and client-streaming calls).
+    Face {
+        core: Arc<StreamCore>,
+        final_message: bool,
+    },
+    /// What the caller sends after its request (stream messages,
+    /// half-close, window), to the server's end of the call: as a
+    /// server's dispatcher applies a client's frames.
+    Handler(Arc<Local>),
+}
+
+impl LocalLink {
+    /// Applies a handler's frame to the face's end of the call.
+    fn to_face(core: &StreamCore, final_message: bool, frame: Frame) -> Result<(), SendError> {
         let h = frame.header;
         let applied = match h.kind {
             FrameKind::Message => {
-                self.core
-                    .on_message(&h, frame.payload, frame.metadata.unwrap_or_default())
+                core.on_message(&h, frame.payload, frame.metadata.unwrap_or_default())
             }
-            FrameKind::Window => self.core.on_grant(h.timeout_us),
+            FrameKind::Window => core.on_grant(h.timeout_us),
             FrameKind::Response => {
-                let last = self.final_message.then_some(frame.payload);
-                self.core.on_end(Ok(()), last, frame.metadata, true)
+                let last = final_message.then_some(frame.payload);
+                core.on_end(Ok(()), last, frame.metadata, true)
             }
             FrameKind::Error => {
                 let status = crate::client::error_status(&frame);
-                self.core.on_end(Err(status), None, frame.metadata, true)
+                core.on_end(Err(status), None, frame.metadata, true)
             }
             kind => {
                 return Err(SendError::Closed(format!(
@@ -376,9 +383,35 @@ impl Link for ToFace {
         };
         applied.map_err(|e| {
             let why = format!("stream protocol violation: {e}");
-            self.core.fail(Status::internal(why.clone()));
+            core.fail(Status::internal(why.clone()));
             SendError::Closed(why)
         })
+    }
+}
+
+impl Link for LocalLink {
+    fn send(
+        &self,
+        out: &OutFrame<'_>,
+        _cork: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), SendError> {
+        if let To::Face { core, .. } = &self.to {
+            if core.is_over() {
+                return Err(SendError::Closed("the gRPC caller went away".into()));
+            }
+        }
+        let frame = frame_of(out, self.max_message, fill)?;
+        match &self.to {
+            To::Face {
+                core,
+                final_message,
+            } => LocalLink::to_face(core, *final_message, frame),
+            To::Handler(local) => local
+                .registry
+                .on_call_frame(FACE_QP, frame)
+                .map_err(SendError::Closed),
+        }
     }
 
     fn uncork(&self) {}
@@ -389,45 +422,6 @@ impl Link for ToFace {
 
     fn max_message(&self) -> usize {
         self.max_message
-    }
-
-    fn remote(&self) -> Option<Arc<Peer>> {
-        Some(self.remote.clone())
-    }
-
-    fn recycle(&self, _: crate::payload::Payload) {}
-}
-
-/// What the caller sends after its request (stream messages, half-close,
-/// window), to the server's end of the call: as a server's dispatcher
-/// applies a client's frames.
-struct ToHandler {
-    local: Arc<Local>,
-    remote: Arc<Peer>,
-}
-
-impl Link for ToHandler {
-    fn send(
-        &self,
-        out: &OutFrame<'_>,
-        _cork: bool,
-        fill: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(), SendError> {
-        let frame = frame_of(out, self.local.shared.max_message(), fill)?;
-        self.local
-            .registry
-            .on_call_frame(FACE_QP, frame)
-            .map_err(SendError::Closed)
-    }
-
-    fn uncork(&self) {}
-
-    fn peer(&self) -> &str {
-        &self.remote.addr
-    }
-
-    fn max_message(&self) -> usize {
-        self.local.shared.max_message()
     }
 
     fn remote(&self) -> Option<Arc<Peer>> {
