@@ -62,6 +62,41 @@ impl Proc {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -{name} failed");
+        if name == "STOP" {
+            self.wait_stopped();
+        }
+    }
+
+    /// Waits until every thread of the process has stopped: `kill -STOP`
+    /// returns when the signal is sent, and a thread running on another core
+    /// stops only when it next enters the kernel.
+    fn wait_stopped(&self) {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let stopped = std::fs::read_dir(&tasks)
+                .expect("list the process's threads")
+                .filter_map(Result::ok)
+                .all(|task| {
+                    // The state follows the command name's closing parenthesis.
+                    std::fs::read_to_string(task.path().join("stat"))
+                        .ok()
+                        .and_then(|stat| {
+                            let rest = &stat[stat.rfind(')')? + 1..];
+                            rest.split_whitespace().next().map(|s| s == "T" || s == "t")
+                        })
+                        // A thread that exited meanwhile does not run.
+                        .unwrap_or(true)
+                });
+            if stopped {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the process did not stop within {LIMIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Kills the process and reaps it.
