@@ -83,7 +83,9 @@ impl Proc {
                         .ok()
                         .and_then(|stat| {
                             let rest = &stat[stat.rfind(')')? + 1..];
-                            rest.split_whitespace().next().map(|s| s == "T" || s == "t")
+                            let state = rest.split_whitespace().next()?;
+                            // Stopped, or dead (a zombie runs no more).
+                            Some(matches!(state, "T" | "t" | "Z" | "X"))
                         })
                         // A thread that exited meanwhile does not run.
                         .unwrap_or(true)
