@@ -18,7 +18,7 @@
 use crate::codegen::MethodKind;
 use crate::dispatch::{Frame, OutFrame};
 use crate::protocol::stream::DEFAULT_WINDOW;
-use crate::protocol::{CallId, FrameKind, Header, SendError};
+use crate::protocol::{CallId, FrameKind, SendError};
 use crate::server::{NewCall, Registry, ServerShared};
 use crate::streaming::{CallOwner, Link, Outbox, Pump, RequestPump, StreamCore};
 use crate::{Metadata, Peer, RawMessage, Request, Response, Status, Streaming};
@@ -308,28 +308,11 @@ fn frame_of(
     max: usize,
     fill: &mut dyn FnMut(&mut [u8]),
 ) -> Result<Frame, SendError> {
-    let md_len = out.metadata.map_or(0, Metadata::encoded_len);
-    if md_len > crate::metadata::MAX_ENCODED_LEN {
-        return Err(SendError::Metadata(md_len));
-    }
-    let len = md_len + out.payload_len;
-    if len > max {
-        return Err(SendError::TooLarge { len, max });
-    }
+    let header = out.header(max)?;
     let mut payload = vec![0; out.payload_len];
     fill(&mut payload);
     Ok(Frame {
-        header: Header {
-            kind: out.kind,
-            status: out.status,
-            method_id: out.method_id,
-            call_id: out.call_id,
-            payload_len: out.payload_len as u32,
-            metadata_len: md_len as u16,
-            timeout_us: out.timeout_us,
-            ack: 0,
-            flags: 0,
-        },
+        header,
         metadata: Some(out.metadata.cloned().unwrap_or_default()),
         payload: payload.into(),
     })
@@ -503,7 +486,7 @@ impl tonic::codegen::Service<http::Request<axum::body::Body>> for Proxy {
                 method_id,
                 kind,
             };
-            let trailers = Trailers::default();
+            let trailers = crate::Trailers::new();
             let response = match kind {
                 MethodKind::Unary => return Ok(grpc.unary(call, request).await),
                 MethodKind::ClientStreaming => {
@@ -632,7 +615,7 @@ async fn answer(
 struct Outgoing {
     first: Option<Bytes>,
     rest: Streaming<RawMessage>,
-    trailers: Trailers,
+    trailers: crate::Trailers,
 }
 
 impl Stream for Outgoing {
@@ -645,24 +628,10 @@ impl Stream for Outgoing {
         let next = self.rest.poll_raw(cx);
         if let Poll::Ready(None) = next {
             if let Some(trailers) = self.rest.trailers() {
-                self.trailers.set(trailers);
+                self.trailers.insert_all(&trailers);
             }
         }
         next.map(|m| m.map(|m| m.map_err(to_grpc)))
-    }
-}
-
-/// A stream's trailing metadata, from its end to the HTTP/2 trailers.
-#[derive(Clone, Default)]
-struct Trailers(Arc<std::sync::Mutex<Option<Metadata>>>);
-
-impl Trailers {
-    fn set(&self, metadata: Metadata) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(metadata);
-    }
-
-    fn take(&self) -> Option<Metadata> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 
@@ -670,7 +639,7 @@ impl Trailers {
 /// stream's trailing metadata. gRPC's own keys win over a handler's.
 struct WithTrailers {
     body: tonic::body::Body,
-    trailers: Trailers,
+    trailers: crate::Trailers,
 }
 
 impl http_body::Body for WithTrailers {
@@ -687,12 +656,10 @@ impl http_body::Body for WithTrailers {
         };
         let frame = match frame.into_trailers() {
             Ok(mut trailers) => {
-                if let Some(ours) = self.trailers.take() {
-                    for (key, value) in metadata_to_grpc(&ours).into_headers() {
-                        if let Some(key) = key {
-                            if !trailers.contains_key(&key) {
-                                trailers.insert(key, value);
-                            }
+                for (key, value) in metadata_to_grpc(&self.trailers.get()).into_headers() {
+                    if let Some(key) = key {
+                        if !trailers.contains_key(&key) {
+                            trailers.insert(key, value);
                         }
                     }
                 }
@@ -734,13 +701,13 @@ impl Stream for Incoming {
 
 /// A server-streaming call (tonic's service traits, one type per kind),
 /// and where its trailing metadata goes.
-struct ServerStream(Call, Trailers);
+struct ServerStream(Call, crate::Trailers);
 
 /// A client-streaming call.
 struct ClientStream(Call);
 
 /// A bidirectional call, and where its trailing metadata goes.
-struct Bidi(Call, Trailers);
+struct Bidi(Call, crate::Trailers);
 
 impl tonic::server::ServerStreamingService<Bytes> for ServerStream {
     type Response = Bytes;
@@ -786,7 +753,7 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
 /// status.
 async fn started(
     mut stream: Streaming<RawMessage>,
-    trailers: Trailers,
+    trailers: crate::Trailers,
 ) -> Result<tonic::Response<Outgoing>, tonic::Status> {
     let first = std::future::poll_fn(|cx| stream.poll_raw(cx))
         .await
@@ -1089,9 +1056,7 @@ impl Stream for FromServer {
             let this = &mut *self;
             let mut trailers = std::pin::pin!(this.stream.trailers());
             if let Poll::Ready(Ok(Some(map))) = trailers.as_mut().poll(cx) {
-                for (key, value) in metadata_from_grpc(&map).iter() {
-                    let _ = this.trailers.insert_bin(key, value.to_vec());
-                }
+                this.trailers.insert_all(&metadata_from_grpc(&map));
             }
         }
         next.map(|m| m.map(|m| m.map(|b| RawMessage(b.to_vec())).map_err(from_grpc)))

@@ -367,6 +367,16 @@ impl Trailers {
         self.lock().clone()
     }
 
+    /// Sets every entry of `metadata`, replacing earlier values of its keys.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn insert_all(&self, metadata: &Metadata) {
+        let mut ours = self.lock();
+        for (key, value) in metadata.iter() {
+            // Keys were checked when `metadata` took them.
+            let _ = ours.insert_bin(key, value);
+        }
+    }
+
     /// Adds what the trailers hold to `metadata`; keys already in
     /// `metadata` keep their value there.
     pub(crate) fn merge_into(&self, metadata: &mut Metadata) {

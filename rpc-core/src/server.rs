@@ -110,7 +110,6 @@ impl Registry {
         removed
     }
 
-    /// Takes every call of connection `qp_num`.
     /// Applies a frame that names a call after its request (stream
     /// traffic or a cancel) to the call; a frame that breaks the protocol
     /// is refused with what it broke (the connection is then closed).
@@ -145,6 +144,7 @@ impl Registry {
         applied.map_err(|e| format!("stream protocol violation: {e}"))
     }
 
+    /// Takes every call of connection `qp_num`.
     fn take_connection(&self, qp_num: u32) -> Vec<Registered> {
         let mut calls = self.lock();
         let keys: Vec<_> = calls.keys().filter(|k| k.0 == qp_num).copied().collect();
@@ -1394,7 +1394,6 @@ impl ServerShared {
     /// or on the blocking pool). Every failure is answered on the call's
     /// sink.
     pub(crate) fn start_call(&self, registry: &Arc<Registry>, incoming: NewCall<'_>) {
-        let shared = self;
         let NewCall {
             qp_num,
             call_id,
@@ -1405,7 +1404,7 @@ impl ServerShared {
             sink,
             remote,
         } = incoming;
-        shared.inflight.fetch_add(1, Ordering::AcqRel);
+        self.inflight.fetch_add(1, Ordering::AcqRel);
         let deadline =
             (timeout_us > 0).then(|| Instant::now() + Duration::from_micros(timeout_us as u64));
         let mut call = ServerCall {
@@ -1416,7 +1415,7 @@ impl ServerShared {
             payload,
             deadline,
             sink: Some(sink),
-            inflight: shared.inflight.clone(),
+            inflight: self.inflight.clone(),
             registry: registry.clone(),
             registered: false,
             core: None,
@@ -1427,13 +1426,13 @@ impl ServerShared {
             return call.reply_err(&Status::invalid_argument("request metadata is malformed"));
         };
         call.metadata = metadata;
-        if shared.draining.load(Ordering::Acquire) {
+        if self.draining.load(Ordering::Acquire) {
             return call.reply_err(&Status::unavailable("server is shutting down"));
         }
         let fallback;
-        let route = match shared.routes.get(&method_id) {
+        let route = match self.routes.get(&method_id) {
             Some(route) => route,
-            None => match (&shared.fallback, fallback_kind(&call.metadata)) {
+            None => match (&self.fallback, fallback_kind(&call.metadata)) {
                 (Some(service), Some(kind)) => {
                     fallback = Route {
                         path: "/*",
@@ -1450,12 +1449,9 @@ impl ServerShared {
         let span = obs.span().clone();
         let _in = span.enter();
         call.obs = Some(obs);
-        if !shared.interceptors.is_empty() {
+        if !self.interceptors.is_empty() {
             let peer = Some(&**remote);
-            if let Err(status) = shared
-                .interceptors
-                .run(route.path, &mut call.metadata, peer)
-            {
+            if let Err(status) = self.interceptors.run(route.path, &mut call.metadata, peer) {
                 return call.reply_err(&status);
             }
         }
@@ -1475,7 +1471,7 @@ impl ServerShared {
         if route.blocking {
             let service = route.service.clone();
             let span = call.span();
-            shared.pool.execute_for(
+            self.pool.execute_for(
                 u64::from(qp_num),
                 Box::new(move || {
                     let _in = span.enter();

@@ -426,7 +426,9 @@ mod for_tonic {
 
         /// Whether `other` says the same (the same PEM text and name).
         pub(crate) fn same_as(&self, other: &ClientTlsConfig) -> bool {
-            let id = |i: &Option<Identity>| i.as_ref().map(|i| (i.cert.pem.clone(), i.key.clone()));
+            fn id(i: &Option<Identity>) -> Option<(&[u8], &[u8])> {
+                i.as_ref().map(|i| (&i.cert.pem[..], &i.key[..]))
+            }
             self.domain == other.domain
                 && self
                     .cas

@@ -78,6 +78,32 @@ pub(crate) struct OutFrame<'a> {
     pub payload_len: usize,
 }
 
+impl OutFrame<'_> {
+    /// The frame's header, once its metadata fits a header's length field
+    /// and its body (metadata and payload) is at most `max` bytes.
+    pub(crate) fn header(&self, max: usize) -> Result<Header, SendError> {
+        let md_len = self.metadata.map_or(0, Metadata::encoded_len);
+        if md_len > crate::metadata::MAX_ENCODED_LEN {
+            return Err(SendError::Metadata(md_len));
+        }
+        let len = md_len + self.payload_len;
+        if len > max {
+            return Err(SendError::TooLarge { len, max });
+        }
+        Ok(Header {
+            kind: self.kind,
+            status: self.status,
+            method_id: self.method_id,
+            call_id: self.call_id,
+            payload_len: self.payload_len as u32,
+            metadata_len: md_len as u16,
+            timeout_us: self.timeout_us,
+            ack: 0,
+            flags: 0,
+        })
+    }
+}
+
 /// Rendezvous on one connection: the peer's lent payloads being read, and
 /// the frames of their calls that arrived meanwhile, held so that each
 /// call's frames are delivered in order.
@@ -332,28 +358,8 @@ impl<F: Fabric> Conn<F> {
         cork: bool,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, SendError> {
-        let md_len = frame.metadata.map_or(0, Metadata::encoded_len);
-        if md_len > crate::metadata::MAX_ENCODED_LEN {
-            return Err(SendError::Metadata(md_len));
-        }
-        let body = md_len + frame.payload_len;
-        if body > self.peer_max_message() {
-            return Err(SendError::TooLarge {
-                len: body,
-                max: self.peer_max_message(),
-            });
-        }
-        let header = Header {
-            kind: frame.kind,
-            status: frame.status,
-            method_id: frame.method_id,
-            call_id: frame.call_id,
-            payload_len: frame.payload_len as u32,
-            metadata_len: md_len as u16,
-            timeout_us: frame.timeout_us,
-            ack: 0,
-            flags: 0,
-        };
+        let header = frame.header(self.peer_max_message())?;
+        let body = header.metadata_len as usize + frame.payload_len;
         let lends = matches!(
             frame.kind,
             FrameKind::Request | FrameKind::Response | FrameKind::Message
