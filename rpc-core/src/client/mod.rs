@@ -1094,7 +1094,7 @@ impl Channel {
             &mut |buf| crate::dispatch::encode_exact(message, buf),
         );
         match started {
-            Ok((id, slot)) => UnaryCall::started(conn, id, slot),
+            Ok(sent) => UnaryCall::started(conn, sent),
             Err(status) => UnaryCall::failed(status),
         }
         .observed_by(obs)
@@ -1516,7 +1516,7 @@ impl Connection {
         timeout: Option<Duration>,
         payload_len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(CallId, Arc<CallSlot>), Status> {
+    ) -> Result<Sent, Status> {
         let started = with_client!(&self.client, c => c.start(method_id, metadata, fail_fast, timeout, payload_len, fill))?;
         self.outstanding.fetch_add(1, Ordering::Relaxed);
         Ok(started)
@@ -1666,9 +1666,11 @@ impl<F: Fabric> Client<F> {
     }
 
     /// Enters a call into the dispatcher's table, with its deadline if it
-    /// has a timeout (and makes the dispatcher wake for it).
-    fn register(&self, waiter: Waiter, timeout: Option<Duration>) -> CallId {
-        let deadline = timeout.map(|t| Instant::now() + t);
+    /// has a timeout (and makes the dispatcher wake for it). Returns its id
+    /// and, if the clock was read for the deadline, when that was.
+    fn register(&self, waiter: Waiter, timeout: Option<Duration>) -> (CallId, Option<Instant>) {
+        let now = timeout.map(|_| Instant::now());
+        let deadline = now.zip(timeout).map(|(now, t)| now + t);
         let call = Call {
             waiter,
             qp_num: self.conn.qp_num,
@@ -1677,7 +1679,7 @@ impl<F: Fabric> Client<F> {
         if let Some(at) = deadline {
             self.ep.wake_by(at);
         }
-        id
+        (id, now)
     }
 
     /// Sends a unary request of `payload_len` bytes that `fill` encodes.
@@ -1689,10 +1691,10 @@ impl<F: Fabric> Client<F> {
         timeout: Option<Duration>,
         payload_len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
-    ) -> Result<(CallId, Arc<CallSlot>), Status> {
+    ) -> Result<Sent, Status> {
         self.ensure_alive()?;
         let slot = self.ep.role.take_slot();
-        let id = self.register(Waiter::Unary(slot.clone()), timeout);
+        let (id, at) = self.register(Waiter::Unary(slot.clone()), timeout);
         let frame = OutFrame {
             kind: FrameKind::Request,
             call_id: id,
@@ -1711,7 +1713,7 @@ impl<F: Fabric> Client<F> {
                 return Err(e.into());
             }
         }
-        Ok((id, slot))
+        Ok(Sent { id, slot, at })
     }
 
     /// Opens a stream: registers the call and sends its `Request` frame,
@@ -1731,7 +1733,7 @@ impl<F: Fabric> Client<F> {
             core: core.clone(),
             final_message,
         };
-        let id = self.register(waiter, timeout);
+        let (id, _) = self.register(waiter, timeout);
         let frame = OutFrame {
             kind: FrameKind::Request,
             call_id: id,
@@ -2043,13 +2045,16 @@ pub struct UnaryCall<T> {
     pending: Option<Box<Pending>>,
     /// Its span and metrics.
     obs: Option<CallObs>,
-    /// When an `.await` first found the response missing.
+    /// When the request was sent, or else when an `.await` first found the
+    /// response missing: where its spin budget starts.
     started: Option<Instant>,
     /// Polls that found the response missing (the clock is read on every
-    /// fourth only).
+    /// eighth only).
     misses: u32,
     /// The request may still be staged (see `Conn::send_corked`).
     corked: bool,
+    /// The first poll let other tasks stage their requests (see `poll`).
+    yielded: bool,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -2059,8 +2064,16 @@ impl<T> fmt::Debug for UnaryCall<T> {
     }
 }
 
-/// A unary call sent on a connection: the connection, its id and slot.
-type Started = Result<(Arc<Connection>, CallId, Arc<CallSlot>), Status>;
+/// A unary request sent: the call's id and slot, and when it was sent if
+/// the clock was read for its deadline.
+struct Sent {
+    id: CallId,
+    slot: Arc<CallSlot>,
+    at: Option<Instant>,
+}
+
+/// A unary call sent on a connection.
+type Started = Result<(Arc<Connection>, Sent), Status>;
 
 /// A unary call waiting for its channel to connect: its request, encoded.
 struct Pending {
@@ -2098,7 +2111,7 @@ impl Pending {
             self.payload.len(),
             &mut |buf| buf.copy_from_slice(&self.payload),
         );
-        Some(started.map(|(id, slot)| (conn, id, slot)))
+        Some(started.map(|sent| (conn, sent)))
     }
 }
 
@@ -2115,20 +2128,22 @@ impl<T> UnaryCall<T> {
             started: None,
             misses: 0,
             corked: false,
+            yielded: false,
             _t: PhantomData,
         }
     }
 
-    fn started(conn: Arc<Connection>, id: CallId, slot: Arc<CallSlot>) -> UnaryCall<T> {
+    fn started(conn: Arc<Connection>, sent: Sent) -> UnaryCall<T> {
         UnaryCall {
-            slot: Some(slot),
-            id,
+            slot: Some(sent.slot),
+            id: sent.id,
             canceller: Some(conn),
             pending: None,
             obs: None,
-            started: None,
+            started: sent.at,
             misses: 0,
             corked: true,
+            yielded: false,
             _t: PhantomData,
         }
     }
@@ -2143,6 +2158,7 @@ impl<T> UnaryCall<T> {
             started: None,
             misses: 0,
             corked: true,
+            yielded: false,
             _t: PhantomData,
         }
     }
@@ -2152,7 +2168,7 @@ impl<T> UnaryCall<T> {
         self.pending = None;
         let obs = self.obs.take();
         *self = match started {
-            Ok((conn, id, slot)) => UnaryCall::started(conn, id, slot),
+            Ok((conn, sent)) => UnaryCall::started(conn, sent),
             Err(status) => UnaryCall::failed(status),
         };
         self.obs = obs;
@@ -2284,11 +2300,12 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
         };
         if self.corked {
             if let Some(channel) = &self.canceller {
-                if self.started.is_none() && channel.is_corked() {
+                if !self.yielded && channel.is_corked() {
                     // First poll: let the tasks that run next issue their
                     // requests too; they all leave in one post at the next
                     // poll of any of them.
-                    self.started = Some(Instant::now());
+                    self.yielded = true;
+                    self.started.get_or_insert_with(Instant::now);
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
@@ -2310,7 +2327,9 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                 let started = self.started.take();
                 let result = match self.canceller.take() {
                     Some(channel) => {
-                        if let Some(t) = started {
+                        // One call in four is enough for the average wait
+                        // (the clock costs as much as a tenth of a call).
+                        if let Some(t) = started.filter(|_| self.id.generation() % 4 == 0) {
                             channel.note_wait(t.elapsed());
                         }
                         channel.finish_call(slot, r)
@@ -2329,8 +2348,8 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                     }
                     // Polls come a few hundred nanoseconds apart: reading
                     // the clock on every one of them costs more than
-                    // overshooting the budget by three.
-                    Some(_) if self.misses % 4 != 0 => true,
+                    // overshooting the budget by seven.
+                    Some(_) if self.misses % 8 != 0 => true,
                     Some(started) => self
                         .canceller
                         .as_ref()

@@ -315,6 +315,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// Makes the poller run its timers by `at`.
     pub(crate) fn wake_by(&self, at: Instant) {
         let at = self.nanos(at);
+        // An earlier or equal hint not yet taken by a tick wakes the poller
+        // in time already (the common case: calls of one timeout).
+        if self.timer_hint.load(Ordering::SeqCst) <= at {
+            return;
+        }
         self.timer_hint.fetch_min(at, Ordering::SeqCst);
         let planned = self.planned_wake.load(Ordering::SeqCst);
         if planned != 0 && at < planned {

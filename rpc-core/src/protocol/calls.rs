@@ -3,11 +3,12 @@
 //! A [`CallId`] is a slab index and a generation. A response whose id does
 //! not match a live entry (late after a timeout, duplicated, or forged) is
 //! dropped and counted in [`CallTable::stale`], never handed to whichever
-//! call now occupies the slot. Deadlines are kept in a min-heap; time is
+//! call now occupies the slot. Deadlines are kept in order (calls of one
+//! timeout in a queue, any earlier one in a min-heap); time is
 //! passed in, never read.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
 use slab::Slab;
@@ -43,7 +44,7 @@ impl CallId {
 pub struct CallTable<T> {
     entries: Slab<Entry<T>>,
     /// Deadlines of calls, possibly including completed ones (skipped lazily).
-    deadlines: BinaryHeap<Reverse<(Instant, CallId)>>,
+    deadlines: Deadlines,
     /// Live entries that have a deadline (the live part of `deadlines`).
     timed: usize,
     next_generation: u32,
@@ -59,6 +60,65 @@ struct Entry<T> {
 
 /// Dead heap entries tolerated beyond the live ones before compacting.
 const HEAP_SLACK: usize = 64;
+
+/// A min-queue of deadlines. Calls made with one timeout arrive in
+/// deadline order: those go to the back of a run kept in order, in O(1),
+/// and only a deadline earlier than the last one goes to a heap.
+#[derive(Debug, Default)]
+struct Deadlines {
+    in_order: VecDeque<(Instant, CallId)>,
+    heap: BinaryHeap<Reverse<(Instant, CallId)>>,
+}
+
+impl Deadlines {
+    fn push(&mut self, entry: (Instant, CallId)) {
+        match self.in_order.back() {
+            Some(last) if *last > entry => self.heap.push(Reverse(entry)),
+            _ => self.in_order.push_back(entry),
+        }
+    }
+
+    /// The earliest entry, and whether it is in the heap.
+    fn first(&self) -> Option<((Instant, CallId), bool)> {
+        match (self.in_order.front(), self.heap.peek()) {
+            (Some(a), Some(Reverse(b))) if b < a => Some((*b, true)),
+            (Some(a), _) => Some((*a, false)),
+            (None, Some(Reverse(b))) => Some((*b, true)),
+            (None, None) => None,
+        }
+    }
+
+    fn peek(&self) -> Option<(Instant, CallId)> {
+        self.first().map(|(entry, _)| entry)
+    }
+
+    fn pop(&mut self) -> Option<(Instant, CallId)> {
+        match self.first()? {
+            (_, true) => self.heap.pop().map(|Reverse(entry)| entry),
+            (_, false) => self.in_order.pop_front(),
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&(Instant, CallId)) -> bool) {
+        self.in_order.retain(&mut keep);
+        self.heap.retain(|Reverse(entry)| keep(entry));
+    }
+
+    fn len(&self) -> usize {
+        self.in_order.len() + self.heap.len()
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    fn clear(&mut self) {
+        self.in_order.clear();
+        self.heap.clear();
+    }
+}
 
 fn is_live<T>(entries: &Slab<Entry<T>>, deadline: Instant, id: CallId) -> bool {
     entries
@@ -77,7 +137,7 @@ impl<T> CallTable<T> {
     pub fn new() -> CallTable<T> {
         CallTable {
             entries: Slab::new(),
-            deadlines: BinaryHeap::new(),
+            deadlines: Deadlines::default(),
             timed: 0,
             next_generation: 0,
             stale: 0,
@@ -101,7 +161,7 @@ impl<T> CallTable<T> {
         });
         let id = CallId::new(index, generation);
         if let Some(deadline) = deadline {
-            self.deadlines.push(Reverse((deadline, id)));
+            self.deadlines.push((deadline, id));
             self.timed += 1;
         }
         id
@@ -124,7 +184,7 @@ impl<T> CallTable<T> {
     /// Drops dead entries from the top of the heap, and rebuilds it when dead
     /// entries buried below live ones pile up.
     fn prune(&mut self) {
-        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+        while let Some((deadline, id)) = self.deadlines.peek() {
             if is_live(&self.entries, deadline, id) {
                 break;
             }
@@ -133,7 +193,7 @@ impl<T> CallTable<T> {
         if self.deadlines.len() > 2 * self.timed + HEAP_SLACK {
             let entries = &self.entries;
             self.deadlines
-                .retain(|&Reverse((deadline, id))| is_live(entries, deadline, id));
+                .retain(|&(deadline, id)| is_live(entries, deadline, id));
         }
     }
 
@@ -174,7 +234,7 @@ impl<T> CallTable<T> {
     ///
     /// Calls expire in deadline order (ties by id).
     pub fn pop_expired(&mut self, now: Instant) -> Option<(CallId, T)> {
-        while let Some(&Reverse((deadline, id))) = self.deadlines.peek() {
+        while let Some((deadline, id)) = self.deadlines.peek() {
             if !is_live(&self.entries, deadline, id) {
                 self.deadlines.pop();
                 continue;
@@ -197,9 +257,7 @@ impl<T> CallTable<T> {
     /// This table drops dead entries from the top of its heap whenever a
     /// call leaves it, so in practice the answer is exact.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines
-            .peek()
-            .map(|Reverse((deadline, _))| *deadline)
+        self.deadlines.peek().map(|(deadline, _)| deadline)
     }
 
     /// Removes every live call (for a connection that failed), in index order.
@@ -367,6 +425,41 @@ mod tests {
         assert_eq!(t.complete(c1), None);
         assert_eq!(t.len(), 1);
         assert_eq!(t.complete(none), Some(0));
+    }
+
+    #[test]
+    fn mixed_runs_of_deadlines_expire_in_order() {
+        // Runs of rising deadlines (calls of one timeout) mixed with earlier
+        // ones (a shorter timeout), and calls completing on the way: what
+        // expires comes in deadline order and is exactly the live calls.
+        let base = Instant::now();
+        let mut t = CallTable::new();
+        let mut live = Vec::new();
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut rand = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for i in 0..2_000u64 {
+            let ms = if rand(4) == 0 { rand(1_000) } else { 1_000 + i };
+            let id = t.insert(i, Some(at(base, ms)));
+            live.push((at(base, ms), id, i));
+            if rand(3) == 0 {
+                let (_, id, v) = live.swap_remove(rand(live.len() as u64) as usize);
+                assert_eq!(t.complete(id), Some(v));
+            }
+        }
+        live.sort();
+        assert_eq!(t.next_deadline(), live.first().map(|e| e.0));
+        let mut expired = Vec::new();
+        while let Some((id, v)) = t.pop_expired(at(base, 10_000)) {
+            expired.push((id, v));
+        }
+        let want: Vec<_> = live.iter().map(|&(_, id, v)| (id, v)).collect();
+        assert_eq!(expired, want);
+        assert!(t.deadlines.is_empty());
     }
 
     #[test]
