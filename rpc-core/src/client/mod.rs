@@ -31,7 +31,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// A client's way to one service: one connection, or one to each of
@@ -2055,6 +2055,8 @@ pub struct UnaryCall<T> {
     corked: bool,
     /// The first poll let other tasks stage their requests (see `poll`).
     yielded: bool,
+    /// The waker the slot holds, from the last poll that registered one.
+    parked: Option<Waker>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -2129,6 +2131,7 @@ impl<T> UnaryCall<T> {
             misses: 0,
             corked: false,
             yielded: false,
+            parked: None,
             _t: PhantomData,
         }
     }
@@ -2144,6 +2147,7 @@ impl<T> UnaryCall<T> {
             misses: 0,
             corked: true,
             yielded: false,
+            parked: None,
             _t: PhantomData,
         }
     }
@@ -2159,6 +2163,7 @@ impl<T> UnaryCall<T> {
             misses: 0,
             corked: true,
             yielded: false,
+            parked: None,
             _t: PhantomData,
         }
     }
@@ -2295,9 +2300,9 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
         if self.pending.is_some() && self.poll_started(cx).is_pending() {
             return Poll::Pending;
         }
-        let Some(slot) = self.slot.clone() else {
+        if self.slot.is_none() {
             return Poll::Ready(Err(Status::internal("call polled after completion")));
-        };
+        }
         if self.corked {
             if let Some(channel) = &self.canceller {
                 if !self.yielded && channel.is_corked() {
@@ -2313,16 +2318,33 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
             }
             self.corked = false;
         }
-        let mut outcome = poll_slot(&slot, cx);
+        let this = &mut *self;
+        let slot = this.slot.as_ref().expect("checked above");
+        // The slot holds a waker of this task from an earlier poll, and the
+        // outcome is not in: no need to lock the slot to look.
+        let parked = !slot.is_done()
+            && this
+                .parked
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()));
+        let mut outcome = if parked {
+            Poll::Pending
+        } else {
+            poll_slot(slot, cx)
+        };
         if outcome.is_pending() {
-            if let Some(channel) = &self.canceller {
+            if let Some(channel) = &this.canceller {
                 if channel.try_progress() && slot.is_done() {
-                    outcome = poll_slot(&slot, cx);
+                    outcome = poll_slot(slot, cx);
                 }
             }
         }
+        if outcome.is_pending() && !parked {
+            this.parked = Some(cx.waker().clone());
+        }
         match outcome {
             Poll::Ready(r) => {
+                self.parked = None;
                 let slot = self.slot.take().expect("checked above");
                 let started = self.started.take();
                 let result = match self.canceller.take() {
