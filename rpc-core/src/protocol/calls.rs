@@ -4,8 +4,8 @@
 //! not match a live entry (late after a timeout, duplicated, or forged) is
 //! dropped and counted in [`CallTable::stale`], never handed to whichever
 //! call now occupies the slot. Deadlines are kept in order (calls of one
-//! timeout in a queue, any earlier one in a min-heap); time is
-//! passed in, never read.
+//! timeout in a queue, any earlier one in a min-heap); time is passed in,
+//! never read.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -38,8 +38,8 @@ impl CallId {
 /// In-flight calls, each holding a `T` (the waiter).
 ///
 /// Generations come from one wrapping counter per table, so an id is not
-/// reused until 2^32 more calls have been inserted. Heap entries also carry
-/// the deadline, and count only if the live entry still has that deadline.
+/// reused until 2^32 more calls have been inserted. Deadline entries also
+/// carry the deadline, and count only if the live entry still has it.
 #[derive(Debug)]
 pub struct CallTable<T> {
     entries: Slab<Entry<T>>,
@@ -58,7 +58,7 @@ struct Entry<T> {
     value: T,
 }
 
-/// Dead heap entries tolerated beyond the live ones before compacting.
+/// Dead deadline entries tolerated beyond the live ones before compacting.
 const HEAP_SLACK: usize = 64;
 
 /// A min-queue of deadlines. Calls made with one timeout arrive in
@@ -167,7 +167,7 @@ impl<T> CallTable<T> {
         id
     }
 
-    /// Removes the live call `id`, keeping the heap tidy.
+    /// Removes the live call `id`, keeping the deadlines tidy.
     fn take(&mut self, id: CallId) -> Option<T> {
         if !self.contains(id) {
             return None;
@@ -181,8 +181,8 @@ impl<T> CallTable<T> {
         Some(entry.value)
     }
 
-    /// Drops dead entries from the top of the heap, and rebuilds it when dead
-    /// entries buried below live ones pile up.
+    /// Drops dead entries from the front of the deadlines, and compacts
+    /// them when dead entries behind live ones pile up.
     fn prune(&mut self) {
         while let Some((deadline, id)) = self.deadlines.peek() {
             if is_live(&self.entries, deadline, id) {
@@ -229,8 +229,8 @@ impl<T> CallTable<T> {
     }
 
     /// Removes and returns one call whose deadline is at or before `now`.
-    /// Call repeatedly until `None`. Entries of completed calls left in the
-    /// deadline heap are skipped lazily.
+    /// Call repeatedly until `None`. Entries of completed calls left among
+    /// the deadlines are skipped lazily.
     ///
     /// Calls expire in deadline order (ties by id).
     pub fn pop_expired(&mut self, now: Instant) -> Option<(CallId, T)> {
@@ -254,8 +254,8 @@ impl<T> CallTable<T> {
     /// The earliest deadline among live calls (may be one of an already
     /// completed call until lazily skipped; callers just wake early).
     ///
-    /// This table drops dead entries from the top of its heap whenever a
-    /// call leaves it, so in practice the answer is exact.
+    /// This table drops dead entries from the front of its deadlines
+    /// whenever a call leaves it, so in practice the answer is exact.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.peek().map(|(deadline, _)| deadline)
     }
