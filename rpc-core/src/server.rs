@@ -1747,7 +1747,7 @@ impl ServerHandle {
         &self.local_url
     }
 
-    /// Where the gRPC face listens ([`ServerBuilder::grpc`]), with the
+    /// Where the gRPC face listens (`ServerBuilder::grpc`, feature `grpc`), with the
     /// real port when 0 was asked; `None` without one.
     pub fn grpc_addr(&self) -> Option<std::net::SocketAddr> {
         self.grpc_addr

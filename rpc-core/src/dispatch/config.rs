@@ -32,8 +32,8 @@ pub(crate) struct Config {
 /// noticed within [`heartbeat_bound`]: on rdma:// within 1.5 intervals plus
 /// the reliable connection's retries (7 sends 134 ms apart; longer on NICs
 /// that stretch the ack timeout), about 2.5 s with the default; on tcp:// once
-/// the kernel has seen no acknowledgement for [`unacked_limit`] while bytes
-/// are in flight, about 3.5 s.
+/// the kernel has seen no acknowledgement for three intervals (at least
+/// 2 s) while bytes are in flight, about 3.5 s.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// The shortest heartbeat interval accepted.
@@ -52,8 +52,8 @@ pub(crate) fn unacked_limit(interval: Duration) -> Duration {
 /// `interval` (5 s with the default): then every pending call fails with
 /// `Unavailable` and the connection's memory is returned. A heartbeat
 /// leaves within 1.5 intervals of the connection's last write, and the
-/// check runs every half interval: 2 intervals plus [`unacked_limit`] at
-/// most (RDMA's reliable connections fail the heartbeat's write sooner, see
+/// check runs every half interval: 2 intervals plus 3 intervals (at least
+/// 2 s) without acknowledgements at most (RDMA's reliable connections fail the heartbeat's write sooner, see
 /// [`DEFAULT_HEARTBEAT`]).
 pub fn heartbeat_bound(interval: Duration) -> Duration {
     interval * 2 + unacked_limit(interval)

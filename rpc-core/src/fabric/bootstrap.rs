@@ -9,7 +9,7 @@
 //! why in a refusal record. The server answers with its own hello once it is
 //! ready for traffic. Everything received is validated before use, and reads
 //! time out. The server side of all this, up to the hello it reads, is the
-//! [`Gate`](super::gate::Gate).
+//! gate (`fabric/gate.rs`).
 
 use crate::Code;
 use crate::auth::{Challenge, Credential, MAX_AUTH_LEN, NONCE_LEN};

@@ -90,7 +90,7 @@ pub enum Reserved {
         /// The credit return to stamp in its header.
         ack: u32,
     },
-    /// No room now: encode it (any ack) and hand it to [`Sender::queue`].
+    /// No room now: encode it (any ack) and hand it to [`Sender::queue_until`].
     Queue,
 }
 

@@ -1,6 +1,6 @@
 //! The tcp:// reader driven by hand (feature `testing`): the bytes a peer
 //! sends on an established connection (writes, acks, naks, anything else)
-//! go through the real receiving side of a [`TcpConn`], its state machine,
+//! go through the real receiving side of a `TcpConn`, its state machine,
 //! bounds checks and completions, over a local socket pair, one connection
 //! per run. For the fuzz targets and tests.
 
@@ -25,7 +25,7 @@ pub const RING_RKEY: u32 = 0x5eed;
 /// The queue pair number the completions carry.
 pub const QP_NUM: u32 = 1;
 
-/// A `WRITE` message as [`TcpWire`](super::TcpWire) sends it: `imm` and
+/// A `WRITE` message as the tcp:// wire sends it: `imm` and
 /// `payload` to `offset` of the ring ([`RING_ADDR`] + `offset`, with
 /// [`RING_RKEY`]), acknowledged if `signaled`.
 pub fn write_message(signaled: bool, wr_id: u64, offset: u64, imm: u32, payload: &[u8]) -> Vec<u8> {
