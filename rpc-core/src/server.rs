@@ -1422,7 +1422,7 @@ impl ServerShared {
             metadata: Metadata::new(),
             payload,
             deadline,
-            recheck: timeout_us < RECHECK_BELOW_US,
+            recheck: true,
             sink: Some(sink),
             inflight: self.inflight.clone(),
             registry: registry.clone(),
@@ -1477,8 +1477,8 @@ impl ServerShared {
             call.signal = Some(signal);
             call.registered = true;
         }
+        call.recheck = route.blocking || timeout_us < RECHECK_BELOW_US;
         if route.blocking {
-            call.recheck = true;
             let service = route.service.clone();
             let span = call.span();
             self.pool.execute_for(
@@ -1747,8 +1747,8 @@ impl ServerHandle {
         &self.local_url
     }
 
-    /// Where the gRPC face listens (`ServerBuilder::grpc`, feature `grpc`), with the
-    /// real port when 0 was asked; `None` without one.
+    /// Where the gRPC face listens (`ServerBuilder::grpc`, feature `grpc`),
+    /// with the real port when 0 was asked; `None` without one.
     pub fn grpc_addr(&self) -> Option<std::net::SocketAddr> {
         self.grpc_addr
     }
