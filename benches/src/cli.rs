@@ -16,7 +16,7 @@ usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
 port 0 picks a free one), C calls outstanding over K connections (default 1),
-after N/10 warm-up calls (--warmup), and prints
+after N/10 warm-up calls, at least one (--warmup), and prints
 
   url=... size=... concurrency=... calls=... errors=... p50_us=... p99_us=... p999_us=... rps=... cpu_us_per_call=...
 
@@ -237,7 +237,7 @@ impl Options {
             calls,
             concurrency,
             connections,
-            warmup: warmup.unwrap_or(calls / 10),
+            warmup: warmup.unwrap_or((calls / 10).max(1)),
             json,
             baseline,
             tuning,

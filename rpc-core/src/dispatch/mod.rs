@@ -335,6 +335,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             return next_tick.min(self.epoch + Duration::from_nanos(hint));
         }
         self.timer_hint.store(u64::MAX, Ordering::SeqCst);
+        self.fabric.trim_buffers(now);
         let role = self
             .role
             .on_tick(self, now)

@@ -9,11 +9,23 @@
 //! message registers and maps nothing. The cache is bounded
 //! ([`CACHED_BYTES`] in all, [`PER_CLASS`] buffers per class); a buffer
 //! larger than a quarter of the bound is never kept, so it is made to the
-//! message's size (in whole pages), not rounded up to a power of two: a
-//! 256 MiB message registers 256 MiB, not 512.
+//! message's size, not rounded up to a power of two: classes above
+//! [`LARGE`] are multiples of a sixteenth of the next power of two, so a
+//! 256 MiB message registers 288 MiB, not 512.
+//!
+//! Buffers above [`LARGE`] are kept one at a time: the last one given back,
+//! for the next message of its class (a message of another size frees
+//! it), and only for [`LARGE_IDLE`]. A
+//! stream or a run of calls moving messages of hundreds of megabytes then
+//! maps and registers its buffers once, not per message (registering pins
+//! and maps every page, which costs as much as moving the bytes), and a
+//! process that moved one such message gives the memory back soon after:
+//! the dispatchers trim the cache on their timer ticks
+//! ([`Cache::trim`]), as does every later use of it.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// Bytes of large-message buffers in use in this process (lent, being
 /// read into, or holding a message not yet decoded), and kept for reuse.
@@ -44,19 +56,24 @@ pub(crate) const MIN_CLASS: usize = 64 << 10;
 pub(crate) const CACHED_BYTES: usize = 256 << 20;
 /// Most buffers kept per size class.
 pub(crate) const PER_CLASS: usize = 32;
+/// The largest power-of-two size class; above it, classes are multiples
+/// of a sixteenth of the next power of two, and one buffer is kept at a
+/// time, for [`LARGE_IDLE`].
+pub(crate) const LARGE: usize = CACHED_BYTES / 4;
+/// How long the one buffer above [`LARGE`] is kept unused.
+pub(crate) const LARGE_IDLE: Duration = Duration::from_secs(2);
 
 /// The size class that holds `len` bytes: a power of two, at least
-/// [`MIN_CLASS`], up to the largest kept ([`CACHED_BYTES`] / 4); above
-/// that, `len` in whole pages (never kept, so never shared with another
-/// size). `None` above 2^40.
+/// [`MIN_CLASS`], up to [`LARGE`]; above that, `len` rounded up to a
+/// sixteenth of its next power of two (at most 1/8 more than `len`, and a
+/// whole number of pages). `None` above 2^40.
 pub(crate) fn class_of(len: usize) -> Option<usize> {
-    const PAGE: usize = 4096;
     if len > 1 << 40 {
         return None;
     }
     let class = len.max(MIN_CLASS).next_power_of_two();
-    Some(if class > CACHED_BYTES / 4 {
-        len.next_multiple_of(PAGE)
+    Some(if class > LARGE {
+        len.next_multiple_of(class / 16)
     } else {
         class
     })
@@ -70,7 +87,19 @@ pub(crate) struct Cache<T> {
 struct Inner<T> {
     /// `(class, buffers)`, few entries: looked up linearly.
     classes: Vec<(usize, Vec<T>)>,
+    /// Bytes in `classes`.
     bytes: usize,
+    /// The one buffer above [`LARGE`] kept: its class, and when it came back.
+    large: Option<(usize, T, Instant)>,
+}
+
+impl<T> Inner<T> {
+    /// Takes the large buffer out, with its class.
+    fn take_large(&mut self) -> Option<(usize, T)> {
+        let (class, buf, _) = self.large.take()?;
+        KEPT.fetch_sub(class, Ordering::Relaxed);
+        Some((class, buf))
+    }
 }
 
 impl<T> Default for Cache<T> {
@@ -79,6 +108,7 @@ impl<T> Default for Cache<T> {
             inner: Mutex::new(Inner {
                 classes: Vec::new(),
                 bytes: 0,
+                large: None,
             }),
         }
     }
@@ -87,7 +117,8 @@ impl<T> Default for Cache<T> {
 impl<T> Drop for Cache<T> {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
-        KEPT.fetch_sub(inner.bytes, Ordering::Relaxed);
+        let large = inner.large.as_ref().map_or(0, |(class, _, _)| *class);
+        KEPT.fetch_sub(inner.bytes + large, Ordering::Relaxed);
     }
 }
 
@@ -95,6 +126,17 @@ impl<T> Cache<T> {
     /// A kept buffer of size class `class`, if there is one.
     pub(crate) fn take(&self, class: usize) -> Option<T> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if class > LARGE {
+            let (kept, buf) = inner.take_large()?;
+            drop(inner);
+            if kept == class {
+                return Some(buf);
+            }
+            // Of another size: freed (outside the lock) before a new one
+            // is made, so that keeping it never adds to the peak.
+            drop(buf);
+            return None;
+        }
         let found = inner
             .classes
             .iter_mut()
@@ -110,14 +152,19 @@ impl<T> Cache<T> {
     /// Keeps `buf` (of size class `class`) for reuse if there is room;
     /// otherwise hands it back, to be freed.
     pub(crate) fn give(&self, class: usize, buf: T) -> Option<T> {
-        if class > CACHED_BYTES / 4 {
-            return Some(buf);
-        }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if class > LARGE {
+            // Kept in place of the one before, which goes back to be freed.
+            let old = inner.large.replace((class, buf, Instant::now()));
+            KEPT.fetch_add(class, Ordering::Relaxed);
+            let (old_class, old, _) = old?;
+            KEPT.fetch_sub(old_class, Ordering::Relaxed);
+            return Some(old);
+        }
         if inner.bytes + class > CACHED_BYTES {
             return Some(buf);
         }
-        let Inner { classes, bytes } = &mut *inner;
+        let Inner { classes, bytes, .. } = &mut *inner;
         let slot = match classes.iter().position(|(c, _)| *c == class) {
             Some(i) => &mut classes[i].1,
             None => {
@@ -134,10 +181,27 @@ impl<T> Cache<T> {
         None
     }
 
+    /// Frees the buffer above [`LARGE`] if it was kept unused for
+    /// [`LARGE_IDLE`] by `now`.
+    pub(crate) fn trim(&self, now: Instant) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, _, since)) = &inner.large else {
+            return;
+        };
+        if now.saturating_duration_since(*since) < LARGE_IDLE {
+            return;
+        }
+        let stale = inner.take_large();
+        // Deregistered and unmapped outside the lock.
+        drop(inner);
+        drop(stale);
+    }
+
     /// Bytes kept.
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.bytes + inner.large.as_ref().map_or(0, |(class, _, _)| *class)
     }
 }
 
@@ -152,12 +216,11 @@ mod tests {
         assert_eq!(class_of(MIN_CLASS + 1), Some(2 * MIN_CLASS));
         assert_eq!(class_of(CACHED_BYTES / 4), Some(CACHED_BYTES / 4));
         // Above what is kept: the size itself, in whole pages.
-        assert_eq!(
-            class_of(CACHED_BYTES / 4 + 1),
-            Some(CACHED_BYTES / 4 + 4096)
-        );
-        assert_eq!(class_of((256 << 20) + 100), Some((256 << 20) + 4096));
+        // Above: sixteenths of the next power of two.
+        assert_eq!(class_of(LARGE + 1), Some(LARGE + (8 << 20)));
+        assert_eq!(class_of((256 << 20) + 100), Some(288 << 20));
         assert_eq!(class_of(1 << 30), Some(1 << 30));
+        assert_eq!(class_of((1 << 30) + 1), Some((1 << 30) + (128 << 20)));
         assert_eq!(class_of((1 << 40) + 1), None);
         assert_eq!(class_of(usize::MAX), None);
     }
@@ -171,8 +234,6 @@ mod tests {
         assert_eq!(cache.bytes(), 2 * MIN_CLASS);
         assert_eq!(cache.take(MIN_CLASS), Some(2));
         assert_eq!(cache.take(2 * MIN_CLASS), None);
-        // Too large to keep at all.
-        assert_eq!(cache.give(CACHED_BYTES / 2, 3), Some(3));
         // Fill to the bound: the next is refused.
         let big = CACHED_BYTES / 4;
         for i in 0..3 {
@@ -185,5 +246,29 @@ mod tests {
             assert_eq!(small.give(MIN_CLASS, i), None);
         }
         assert_eq!(small.give(MIN_CLASS, 99), Some(99));
+    }
+
+    #[test]
+    fn one_large_buffer_is_kept_for_a_while() {
+        let cache = Cache::default();
+        let (a, b) = (class_of(LARGE + 1).unwrap(), class_of(4 * LARGE).unwrap());
+        assert_eq!(cache.give(a, 1), None, "kept");
+        assert_eq!(cache.bytes(), a);
+        assert_eq!(cache.take(a), Some(1));
+        assert_eq!(cache.bytes(), 0);
+        // Another size is asked for: the kept one is freed first.
+        assert_eq!(cache.give(a, 1), None);
+        assert_eq!(cache.take(b), None);
+        assert_eq!(cache.bytes(), 0);
+        // One at a time: the newest stays, the one before goes back.
+        assert_eq!(cache.give(a, 2), None);
+        assert_eq!(cache.give(b, 3), Some(2));
+        assert_eq!(cache.bytes(), b);
+        // Not yet idle long enough, then freed.
+        cache.trim(Instant::now());
+        assert_eq!(cache.bytes(), b);
+        cache.trim(Instant::now() + LARGE_IDLE);
+        assert_eq!(cache.bytes(), 0);
+        assert_eq!(cache.take(b), None);
     }
 }

@@ -850,6 +850,10 @@ impl Fabric for SoftFabric {
         })
     }
 
+    fn trim_buffers(&self, now: std::time::Instant) {
+        self.ctx.buffers.trim(now);
+    }
+
     fn post_recv(&self, count: u32) -> Result<(), FabricError> {
         self.ctx.srq.fetch_add(count as u64, Ordering::AcqRel);
         let waiters = self

@@ -260,6 +260,10 @@ impl Fabric for VerbsFabric {
         VerbsBuffer::take(&i.buffers, &i.pd, len, i.windows)
     }
 
+    fn trim_buffers(&self, now: std::time::Instant) {
+        self.inner.buffers.trim(now);
+    }
+
     fn register(&self, len: usize, remote_write: bool) -> Result<VerbsRegion, FabricError> {
         let i = &self.inner;
         Ok(VerbsRegion {
