@@ -1413,8 +1413,8 @@ impl ServerShared {
             remote,
         } = incoming;
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        let deadline =
-            (timeout_us > 0).then(|| Instant::now() + Duration::from_micros(timeout_us as u64));
+        let deadline = (timeout_us > 0)
+            .then(|| crate::dispatch::turn_now() + Duration::from_micros(timeout_us as u64));
         let mut call = ServerCall {
             method_id,
             call_id,

@@ -424,7 +424,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     }
 
     /// Handles completions on the calling thread until `done()` holds or
-    /// none came for the spin time; returns `done()`. Meanwhile the poller
+    /// none came for the spin time (counted from `since`, when given, or
+    /// else from when the queue is first found empty); returns `done()`.
+    /// Meanwhile the poller
     /// thread naps instead of competing for the queue. One caller polls at
     /// a time: if another already does, returns at once.
     ///
@@ -434,20 +436,22 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     pub(crate) fn poll_until(
         self: &Arc<Self>,
         spin: Duration,
+        since: Option<Instant>,
         done: impl Fn() -> bool,
         others_waiting: impl FnOnce() -> bool,
     ) -> bool {
         let mut budget = None;
-        let mut idle_since = None;
+        let mut idle_since = since;
         let mut spins = 0u32;
         let idle = |progress: bool| {
             if progress {
                 idle_since = None;
                 return false;
             }
-            // The clock is read every 128 spins: where it is slow (a
-            // syscall under emulation) reading it often costs the spin.
-            if spins % 128 == 0 {
+            // The clock is read every 128 spins, not on the first: where it
+            // is slow (a syscall under emulation) reading it often costs
+            // the spin, and a response within 128 spins needs no clock.
+            if spins % 128 == 127 {
                 let now = Instant::now();
                 let spin = *budget.get_or_insert_with(|| self.call_waits.budget(spin));
                 if now.duration_since(*idle_since.get_or_insert(now)) >= spin {
@@ -654,6 +658,23 @@ thread_local! {
     /// writes are staged (another thread's could wait on a batch that
     /// already ended).
     static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The clock as first read in this thread's current turn (see [`turn_now`]).
+    static TURN_NOW: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// The time now, for what arrived in a batch of completions: read once per
+/// turn of the queue, at the first call in it, so a batch of requests costs
+/// one clock read (what they arrived with came before the turn began).
+/// Outside a turn, the clock itself.
+pub(crate) fn turn_now() -> Instant {
+    if !IN_TURN.get() {
+        return Instant::now();
+    }
+    TURN_NOW.get().unwrap_or_else(|| {
+        let now = Instant::now();
+        TURN_NOW.set(Some(now));
+        now
+    })
 }
 
 /// Marks this thread as handling a batch while it lives; restores what was
@@ -662,6 +683,7 @@ struct InTurn(bool);
 
 impl InTurn {
     fn enter() -> InTurn {
+        TURN_NOW.set(None);
         InTurn(IN_TURN.replace(true))
     }
 }
@@ -669,6 +691,9 @@ impl InTurn {
 impl Drop for InTurn {
     fn drop(&mut self) {
         IN_TURN.set(self.0);
+        // A turn that ends inside another (a handler's blocking call) took
+        // time: the outer one reads the clock afresh.
+        TURN_NOW.set(None);
     }
 }
 
