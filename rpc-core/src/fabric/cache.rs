@@ -21,7 +21,7 @@
 //! and maps every page, which costs as much as moving the bytes), and a
 //! process that moved one such message gives the memory back soon after:
 //! the dispatchers trim the cache on their timer ticks
-//! ([`Cache::trim`]), as does every later use of it.
+//! ([`Cache::trim`]), and the next large message takes it or frees it.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
