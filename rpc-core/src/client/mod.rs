@@ -2272,8 +2272,11 @@ impl<T: prost::Message + Default> UnaryCall<T> {
             return decode_reply(wait_slot(&slot), drop);
         };
         conn.uncork();
-        // The clock read for the deadline at send time, if there was one.
-        let started = self.started.take();
+        // One wait in four is timed, for the average that sets the spin
+        // budget: from the clock read for the deadline at send time, or
+        // from now if there was none.
+        let sampled = self.id.generation() % 4 == 0;
+        let started = self.started.take().or_else(|| sampled.then(Instant::now));
         conn.poll_for(&slot, started);
         // Sleep without holding the connection: if the last handle to it
         // goes away meanwhile, the call fails `Unavailable` instead of
@@ -2283,8 +2286,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
         let outcome = wait_slot(&slot);
         match weak.upgrade() {
             Some(conn) => {
-                // One call in four is enough for the average wait.
-                if let Some(t) = started.filter(|_| self.id.generation() % 4 == 0) {
+                if let Some(t) = started.filter(|_| sampled) {
                     conn.note_wait(t.elapsed());
                 }
                 conn.finish_call(slot, outcome)

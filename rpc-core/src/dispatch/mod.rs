@@ -330,12 +330,15 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
 
     /// Runs the role's timers if due (or if someone asked); returns the next tick.
     fn tick(&self, next_tick: Instant, now: Instant) -> Instant {
+        // On every check, not only when a timer is due: a large buffer may
+        // be kept while no timer runs (no connections, no heartbeats), and
+        // an idle dispatcher still wakes at least once a second.
+        self.fabric.trim_buffers(now);
         let hint = self.timer_hint.load(Ordering::SeqCst);
         if now < next_tick && self.nanos(now) < hint {
             return next_tick.min(self.epoch + Duration::from_nanos(hint));
         }
         self.timer_hint.store(u64::MAX, Ordering::SeqCst);
-        self.fabric.trim_buffers(now);
         let role = self
             .role
             .on_tick(self, now)

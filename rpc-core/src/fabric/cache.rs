@@ -20,11 +20,12 @@
 //! maps and registers its buffers once, not per message (registering pins
 //! and maps every page, which costs as much as moving the bytes), and a
 //! process that moved one such message gives the memory back soon after:
-//! the dispatchers trim the cache on their timer ticks
-//! ([`Cache::trim`]), and the next large message takes it or frees it.
+//! the dispatchers trim the cache ([`Cache::trim`]) whenever they check
+//! their timers, at least once a second even when idle, and the next
+//! large message takes it or frees it.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bytes of large-message buffers in use in this process (lent, being
@@ -82,6 +83,11 @@ pub(crate) fn class_of(len: usize) -> Option<usize> {
 /// Buffers of type `T` kept by size class.
 pub(crate) struct Cache<T> {
     inner: Mutex<Inner<T>>,
+    /// When the kept large buffer is due to be freed, in nanoseconds from
+    /// `epoch` (0: none kept), so that [`Cache::trim`] costs one load
+    /// until then: the dispatchers call it on every timer check.
+    large_until: AtomicU64,
+    epoch: Instant,
 }
 
 struct Inner<T> {
@@ -110,6 +116,8 @@ impl<T> Default for Cache<T> {
                 bytes: 0,
                 large: None,
             }),
+            large_until: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 }
@@ -128,6 +136,7 @@ impl<T> Cache<T> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if class > LARGE {
             let (kept, buf) = inner.take_large()?;
+            self.large_until.store(0, Ordering::Relaxed);
             drop(inner);
             if kept == class {
                 return Some(buf);
@@ -155,7 +164,10 @@ impl<T> Cache<T> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if class > LARGE {
             // Kept in place of the one before, which goes back to be freed.
-            let old = inner.large.replace((class, buf, Instant::now()));
+            let now = Instant::now();
+            let old = inner.large.replace((class, buf, now));
+            self.large_until
+                .store(self.nanos(now + LARGE_IDLE).max(1), Ordering::Relaxed);
             KEPT.fetch_add(class, Ordering::Relaxed);
             let (old_class, old, _) = old?;
             KEPT.fetch_sub(old_class, Ordering::Relaxed);
@@ -184,6 +196,10 @@ impl<T> Cache<T> {
     /// Frees the buffer above [`LARGE`] if it was kept unused for
     /// [`LARGE_IDLE`] by `now`.
     pub(crate) fn trim(&self, now: Instant) {
+        let until = self.large_until.load(Ordering::Relaxed);
+        if until == 0 || self.nanos(now) < until {
+            return;
+        }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Some((_, _, since)) = &inner.large else {
             return;
@@ -192,9 +208,17 @@ impl<T> Cache<T> {
             return;
         }
         let stale = inner.take_large();
+        self.large_until.store(0, Ordering::Relaxed);
         // Deregistered and unmapped outside the lock.
         drop(inner);
         drop(stale);
+    }
+
+    /// `at` in nanoseconds from the cache's epoch.
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch)
+            .as_nanos()
+            .min(u64::MAX as u128) as u64
     }
 
     /// Bytes kept.

@@ -332,7 +332,7 @@ pub trait Fabric: Send + Sync + Sized + Clone + 'static {
     fn buffer(&self, len: usize) -> Result<<Self::Region as Region>::Buffer, FabricError>;
     /// Frees what the registration cache kept longer than it keeps a
     /// buffer above its size classes (see `fabric/cache.rs`); the
-    /// dispatchers call this on their timer ticks.
+    /// dispatchers call this whenever they check their timers.
     fn trim_buffers(&self, now: std::time::Instant);
     /// Posts `count` zero-length receives to the shared receive queue.
     fn post_recv(&self, count: u32) -> Result<(), FabricError>;
