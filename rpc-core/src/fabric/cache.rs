@@ -7,11 +7,11 @@
 //! So buffers are kept when dropped, by size class (powers of two from
 //! [`MIN_CLASS`]), and handed out again: in the steady state a large
 //! message registers and maps nothing. The cache is bounded
-//! ([`CACHED_BYTES`] in all, [`PER_CLASS`] buffers per class); a buffer
-//! larger than a quarter of the bound is never kept, so it is made to the
-//! message's size, not rounded up to a power of two: classes above
-//! [`LARGE`] are multiples of a sixteenth of the next power of two, so a
-//! 256 MiB message registers 288 MiB, not 512.
+//! ([`CACHED_BYTES`] in all, [`PER_CLASS`] buffers per class) up to
+//! [`LARGE`], a quarter of the bound. Above it a buffer is made close to
+//! the message's size, not rounded up to a power of two: those classes are
+//! multiples of a sixteenth of the next power of two, so a 256 MiB message
+//! registers 288 MiB, not 512.
 //!
 //! Buffers above [`LARGE`] are kept one at a time: the last one given back,
 //! for the next message of its class (a message of another size frees
@@ -85,7 +85,8 @@ pub(crate) struct Cache<T> {
     inner: Mutex<Inner<T>>,
     /// When the kept large buffer is due to be freed, in nanoseconds from
     /// `epoch` (0: none kept), so that [`Cache::trim`] costs one load
-    /// until then: the dispatchers call it on every timer check.
+    /// until then: the dispatchers call it on every timer check. Written
+    /// only with `inner` locked.
     large_until: AtomicU64,
     epoch: Instant,
 }
@@ -95,17 +96,9 @@ struct Inner<T> {
     classes: Vec<(usize, Vec<T>)>,
     /// Bytes in `classes`.
     bytes: usize,
-    /// The one buffer above [`LARGE`] kept: its class, and when it came back.
-    large: Option<(usize, T, Instant)>,
-}
-
-impl<T> Inner<T> {
-    /// Takes the large buffer out, with its class.
-    fn take_large(&mut self) -> Option<(usize, T)> {
-        let (class, buf, _) = self.large.take()?;
-        KEPT.fetch_sub(class, Ordering::Relaxed);
-        Some((class, buf))
-    }
+    /// The one buffer above [`LARGE`] kept, with its class (when it is due
+    /// to be freed is [`Cache::large_until`]).
+    large: Option<(usize, T)>,
 }
 
 impl<T> Default for Cache<T> {
@@ -125,7 +118,7 @@ impl<T> Default for Cache<T> {
 impl<T> Drop for Cache<T> {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
-        let large = inner.large.as_ref().map_or(0, |(class, _, _)| *class);
+        let large = inner.large.as_ref().map_or(0, |(class, _)| *class);
         KEPT.fetch_sub(inner.bytes + large, Ordering::Relaxed);
     }
 }
@@ -135,8 +128,7 @@ impl<T> Cache<T> {
     pub(crate) fn take(&self, class: usize) -> Option<T> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if class > LARGE {
-            let (kept, buf) = inner.take_large()?;
-            self.large_until.store(0, Ordering::Relaxed);
+            let (kept, buf) = self.take_large(&mut inner)?;
             drop(inner);
             if kept == class {
                 return Some(buf);
@@ -164,12 +156,13 @@ impl<T> Cache<T> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if class > LARGE {
             // Kept in place of the one before, which goes back to be freed.
-            let now = Instant::now();
-            let old = inner.large.replace((class, buf, now));
-            self.large_until
-                .store(self.nanos(now + LARGE_IDLE).max(1), Ordering::Relaxed);
+            let old = inner.large.replace((class, buf));
+            self.large_until.store(
+                self.nanos(Instant::now() + LARGE_IDLE).max(1),
+                Ordering::Relaxed,
+            );
             KEPT.fetch_add(class, Ordering::Relaxed);
-            let (old_class, old, _) = old?;
+            let (old_class, old) = old?;
             KEPT.fetch_sub(old_class, Ordering::Relaxed);
             return Some(old);
         }
@@ -196,22 +189,27 @@ impl<T> Cache<T> {
     /// Frees the buffer above [`LARGE`] if it was kept unused for
     /// [`LARGE_IDLE`] by `now`.
     pub(crate) fn trim(&self, now: Instant) {
-        let until = self.large_until.load(Ordering::Relaxed);
-        if until == 0 || self.nanos(now) < until {
+        let due = |until: u64| until != 0 && self.nanos(now) >= until;
+        if !due(self.large_until.load(Ordering::Relaxed)) {
             return;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((_, _, since)) = &inner.large else {
-            return;
-        };
-        if now.saturating_duration_since(*since) < LARGE_IDLE {
+        // Again under the lock: a buffer given back meanwhile is fresh.
+        if !due(self.large_until.load(Ordering::Relaxed)) {
             return;
         }
-        let stale = inner.take_large();
-        self.large_until.store(0, Ordering::Relaxed);
+        let stale = self.take_large(&mut inner);
         // Deregistered and unmapped outside the lock.
         drop(inner);
         drop(stale);
+    }
+
+    /// Takes the large buffer out of `inner` (locked), with its class.
+    fn take_large(&self, inner: &mut Inner<T>) -> Option<(usize, T)> {
+        let (class, buf) = inner.large.take()?;
+        self.large_until.store(0, Ordering::Relaxed);
+        KEPT.fetch_sub(class, Ordering::Relaxed);
+        Some((class, buf))
     }
 
     /// `at` in nanoseconds from the cache's epoch.
@@ -225,7 +223,7 @@ impl<T> Cache<T> {
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.bytes + inner.large.as_ref().map_or(0, |(class, _, _)| *class)
+        inner.bytes + inner.large.as_ref().map_or(0, |(class, _)| *class)
     }
 }
 
@@ -239,7 +237,6 @@ mod tests {
         assert_eq!(class_of(MIN_CLASS), Some(MIN_CLASS));
         assert_eq!(class_of(MIN_CLASS + 1), Some(2 * MIN_CLASS));
         assert_eq!(class_of(CACHED_BYTES / 4), Some(CACHED_BYTES / 4));
-        // Above what is kept: the size itself, in whole pages.
         // Above: sixteenths of the next power of two.
         assert_eq!(class_of(LARGE + 1), Some(LARGE + (8 << 20)));
         assert_eq!(class_of((256 << 20) + 100), Some(288 << 20));
