@@ -19,6 +19,7 @@
 //! the byte count and the local queue pair number.
 
 mod mem;
+mod queue;
 #[cfg(feature = "testing")]
 pub(crate) mod tcp;
 #[cfg(not(feature = "testing"))]
@@ -31,7 +32,6 @@ use super::{
 };
 use crate::pages::Pages;
 use std::collections::HashMap;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -84,18 +84,31 @@ enum Sleep {
 }
 
 struct CqState {
-    entries: VecDeque<Completion>,
     sleeping: Sleep,
     interrupted: bool,
+}
+
+/// A value alone on its cache lines (two, for the adjacent-line
+/// prefetcher), so that one thread spinning on it does not take the line
+/// from another thread writing its neighbours.
+#[repr(align(128))]
+struct Line<T>(T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// The shared part of a [`SoftCq`]: its entries, and the sockets of the
 /// tcp:// queue pairs that report to it.
 pub(crate) struct CqInner {
+    entries: queue::EntryQueue,
+    /// Pollers asleep or about to be: a push checks it after publishing
+    /// its entry, a poller counts itself in before its last look.
+    sleepers: Line<AtomicUsize>,
     state: Mutex<CqState>,
-    /// Entries in `state`: lets a spinning poller see an empty queue without
-    /// taking the lock the producers need.
-    len: AtomicUsize,
     cond: Condvar,
     /// The tcp:// sockets, set up with the first tcp:// queue pair.
     io: OnceLock<tcp::TcpIo>,
@@ -103,9 +116,14 @@ pub(crate) struct CqInner {
 
 impl CqInner {
     pub(crate) fn push(&self, c: Completion) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.entries.push_back(c);
-        self.len.fetch_add(1, Ordering::Release);
+        self.entries.push(c);
+        // Against the poller's count in `sleepers` and its last look at the
+        // entries (Dekker): either it sees this entry or this sees it sleepy.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match st.sleeping {
             Sleep::Awake => {}
             Sleep::Cond => self.cond.notify_one(),
@@ -147,7 +165,7 @@ pub struct SoftCq {
 impl std::fmt::Debug for SoftCq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SoftCq")
-            .field("entries", &self.inner.len.load(Ordering::Relaxed))
+            .field("entries", &self.inner.entries.len())
             .finish()
     }
 }
@@ -156,12 +174,12 @@ impl SoftCq {
     fn new() -> SoftCq {
         SoftCq {
             inner: Arc::new(CqInner {
+                entries: queue::EntryQueue::new(),
+                sleepers: Line(AtomicUsize::new(0)),
                 state: Mutex::new(CqState {
-                    entries: VecDeque::new(),
                     sleeping: Sleep::Awake,
                     interrupted: false,
                 }),
-                len: AtomicUsize::new(0),
                 cond: Condvar::new(),
                 io: OnceLock::new(),
             }),
@@ -175,21 +193,26 @@ impl CompletionQueue for SoftCq {
         if let Some(io) = inner.io.get() {
             io.poll_now(inner);
         }
-        if inner.len.load(Ordering::Acquire) == 0 {
+        if inner.entries.is_empty() {
             return 0;
         }
-        let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        let n = st.entries.len().min(max);
-        out.extend(st.entries.drain(..n));
-        inner.len.fetch_sub(n, Ordering::Release);
-        n
+        inner.entries.pop_into(out, max)
     }
 
     fn wait(&self, timeout: Option<Duration>) {
         let inner = &self.inner;
         let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.interrupted || !st.entries.is_empty() {
+        if st.interrupted {
             st.interrupted = false;
+            return;
+        }
+        // Announce the sleep, then take a last look (see `CqInner::push`).
+        // A push that sees the announcement takes the state lock, which
+        // this thread holds until it sleeps, and then wakes it.
+        inner.sleepers.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !inner.entries.is_empty() {
+            inner.sleepers.fetch_sub(1, Ordering::Relaxed);
             return;
         }
         if let Some(io) = inner.io.get() {
@@ -199,6 +222,7 @@ impl CompletionQueue for SoftCq {
             let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
             st.sleeping = Sleep::Awake;
             st.interrupted = false;
+            inner.sleepers.fetch_sub(1, Ordering::Relaxed);
             return;
         }
         st.sleeping = Sleep::Cond;
@@ -214,6 +238,7 @@ impl CompletionQueue for SoftCq {
         };
         st.sleeping = Sleep::Awake;
         st.interrupted = false;
+        inner.sleepers.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn interrupt(&self) {

@@ -194,3 +194,65 @@ fn a_peer_that_stops_reading_is_not_silent() {
         }
     }
 }
+
+/// A poller that sleeps whenever its queue looks empty is woken by every
+/// push: no entry is left behind while it sleeps (a lost wake-up would
+/// hang this test, so it fails after a generous deadline instead).
+#[test]
+fn a_sleeping_poller_misses_no_push() {
+    const PRODUCERS: u64 = 3;
+    const EACH: u64 = 20_000;
+    let cq = SoftCq::new();
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|t| {
+            let inner = cq.inner.clone();
+            thread::spawn(move || {
+                for i in 0..EACH {
+                    inner.push(Completion {
+                        wr_id: i,
+                        qp_num: t as u32,
+                        kind: CompletionKind::Send,
+                        status: WcStatus::Success,
+                    });
+                    // Pauses of varying length, so that the poller often
+                    // goes to sleep just before or just after a push.
+                    if i % 7 == 0 {
+                        thread::yield_now();
+                    }
+                    if i % 1000 == 999 {
+                        thread::sleep(Duration::from_micros(50));
+                    }
+                }
+            })
+        })
+        .collect();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let poller = cq.clone();
+    thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut next = [0u64; PRODUCERS as usize];
+        let mut got = 0;
+        while got < PRODUCERS * EACH {
+            out.clear();
+            let n = poller.poll(&mut out, 32);
+            if n == 0 {
+                poller.wait(None);
+                continue;
+            }
+            for c in &out {
+                assert_eq!(c.wr_id, next[c.qp_num as usize]);
+                next[c.qp_num as usize] += 1;
+            }
+            got += n as u64;
+        }
+        done_tx.send(got).unwrap();
+    });
+    for p in producers {
+        p.join().unwrap();
+    }
+    assert_eq!(
+        done_rx.recv_timeout(Duration::from_secs(60)),
+        Ok(PRODUCERS * EACH),
+        "the poller slept through a push"
+    );
+}
