@@ -101,6 +101,23 @@ impl<T> std::ops::Deref for Line<T> {
     }
 }
 
+/// A poller counted in [`CqInner::sleepers`] until this is dropped, however
+/// its sleep ends.
+struct Sleeper<'a>(&'a AtomicUsize);
+
+impl<'a> Sleeper<'a> {
+    fn count_in(sleepers: &'a AtomicUsize) -> Sleeper<'a> {
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        Sleeper(sleepers)
+    }
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The shared part of a [`SoftCq`]: its entries, and the sockets of the
 /// tcp:// queue pairs that report to it.
 pub(crate) struct CqInner {
@@ -209,10 +226,9 @@ impl CompletionQueue for SoftCq {
         // Announce the sleep, then take a last look (see `CqInner::push`).
         // A push that sees the announcement takes the state lock, which
         // this thread holds until it sleeps, and then wakes it.
-        inner.sleepers.fetch_add(1, Ordering::SeqCst);
+        let _counted = Sleeper::count_in(&inner.sleepers);
         std::sync::atomic::fence(Ordering::SeqCst);
         if !inner.entries.is_empty() {
-            inner.sleepers.fetch_sub(1, Ordering::Relaxed);
             return;
         }
         if let Some(io) = inner.io.get() {
@@ -222,7 +238,6 @@ impl CompletionQueue for SoftCq {
             let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
             st.sleeping = Sleep::Awake;
             st.interrupted = false;
-            inner.sleepers.fetch_sub(1, Ordering::Relaxed);
             return;
         }
         st.sleeping = Sleep::Cond;
@@ -238,7 +253,6 @@ impl CompletionQueue for SoftCq {
         };
         st.sleeping = Sleep::Awake;
         st.interrupted = false;
-        inner.sleepers.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn interrupt(&self) {

@@ -10,10 +10,19 @@
 //!
 //! Order: entries that one thread pushes come out in the order it pushed
 //! them, overflow or not. Once a push finds the ring full it sets
-//! `overflowed`, and from then on every push goes to the overflow list
-//! until the poller has drained both; the poller takes from the list only
-//! when every slot claimed in the ring has been taken, so nothing a thread
-//! pushed into the ring before it pushed into the list is overtaken.
+//! `overflowed`, and from then on every push that sees the flag goes to
+//! the overflow list until the poller has drained both (a push that read
+//! the flag just before it was set may still land in the ring: it is
+//! concurrent with the list's entries, so neither order is wrong). The
+//! poller takes from the list only when every slot claimed in the ring has
+//! been taken, so nothing a thread pushed into the ring before it pushed
+//! into the list is overtaken.
+//!
+//! Sleeping: a poller may sleep when [`EntryQueue::is_empty`] says so.
+//! That is true when the slot due next is not published, even if entries
+//! wait behind it (in later slots or in the list): the producer that
+//! claimed that slot is between its claim and its publication, which
+//! cannot fail, and after publishing it looks for sleepers and wakes them.
 
 use super::Line;
 use crate::fabric::{Completion, CompletionKind, WcStatus};
@@ -241,20 +250,36 @@ impl EntryQueue {
         n
     }
 
-    /// True if nothing is published: the next slot is not filled and the
-    /// overflow list is empty.
+    /// True if nothing can be taken now: the slot due next is not
+    /// published, and the overflow list is empty or held back by a slot
+    /// claimed and not yet published (whose producer wakes sleepers once
+    /// it publishes; see the module docs).
     pub(super) fn is_empty(&self) -> bool {
-        let pos = self.head.load(Ordering::Relaxed);
-        let seq = self.slots[pos % CAPACITY].seq.load(Ordering::Acquire);
-        seq != pos.wrapping_add(1) && !self.overflowed.load(Ordering::Acquire)
+        self.empty_from(self.head.load(Ordering::Relaxed))
     }
 
-    /// Entries published (a snapshot, for debugging).
+    /// [`EntryQueue::is_empty`], starting from a reading of `head` that
+    /// another poller may have made stale meanwhile.
+    fn empty_from(&self, mut pos: usize) -> bool {
+        loop {
+            let seq = self.slots[pos % CAPACITY].seq.load(Ordering::Acquire);
+            match seq.wrapping_sub(pos.wrapping_add(1)) as isize {
+                0 => return false,
+                d if d < 0 => {
+                    return !self.overflowed.load(Ordering::Acquire)
+                        || self.tail.load(Ordering::Acquire) != pos;
+                }
+                // Taken by another poller since `pos` was read: the slot
+                // says nothing about the entries after it. Look again.
+                _ => pos = self.head.load(Ordering::Relaxed),
+            }
+        }
+    }
+
+    /// Entries in the ring and the list (a snapshot, for debugging).
     pub(super) fn len(&self) -> usize {
-        let ring = self
-            .tail
-            .load(Ordering::Relaxed)
-            .wrapping_sub(self.head.load(Ordering::Relaxed));
+        let head = self.head.load(Ordering::Relaxed);
+        let ring = self.tail.load(Ordering::Relaxed).saturating_sub(head);
         let list = self.overflow.lock().map(|l| l.len()).unwrap_or(0);
         ring + list
     }
@@ -352,6 +377,21 @@ mod tests {
                 assert_eq!(decode(encode(&c)), c);
             }
         }
+    }
+
+    /// A slot taken by another poller between the reading of `head` and
+    /// the look at its slot must not hide the entries after it (a poller
+    /// would sleep with entries queued and no push left to wake it).
+    #[test]
+    fn a_stale_head_does_not_hide_entries() {
+        let q = EntryQueue::new();
+        q.push(entry(0, 0));
+        q.push(entry(0, 1));
+        let mut out = Vec::new();
+        assert_eq!(q.pop_into(&mut out, 1), 1);
+        assert!(!q.empty_from(0), "entry 1 is queued");
+        assert_eq!(q.pop_into(&mut out, 1), 1);
+        assert!(q.empty_from(0) && q.empty_from(1) && q.is_empty());
     }
 
     #[test]
