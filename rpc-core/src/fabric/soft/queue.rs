@@ -208,33 +208,27 @@ impl EntryQueue {
         }
     }
 
-    /// Moves up to `max` entries to `out`, oldest first; returns how many.
-    pub(super) fn pop_into(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+    /// Moves up to `max` published entries of the ring to `out`.
+    fn drain_ring(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let mut n = 0;
         while n < max {
-            match self.pop_ring() {
-                Some(c) => {
-                    out.push(c);
-                    n += 1;
-                }
-                None => break,
-            }
+            let Some(c) = self.pop_ring() else { break };
+            out.push(c);
+            n += 1;
         }
+        n
+    }
+
+    /// Moves up to `max` entries to `out`, oldest first; returns how many.
+    pub(super) fn pop_into(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let mut n = self.drain_ring(out, max);
         if n == max || !self.overflowed.load(Ordering::Acquire) {
             return n;
         }
         let mut list = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
         // Entries a thread published in the ring before it pushed to the
         // list (under this lock) are visible now: take them first.
-        while n < max {
-            match self.pop_ring() {
-                Some(c) => {
-                    out.push(c);
-                    n += 1;
-                }
-                None => break,
-            }
-        }
+        n += self.drain_ring(out, max - n);
         // A slot claimed and not yet published holds back the slots behind
         // it, and one of those may hold an entry older than the list's
         // from the same thread: leave the list until the ring is empty.
