@@ -19,15 +19,22 @@
 //!
 //! Rules (both sides check them; a peer that breaks them closes the
 //! connection):
-//! - the sender may send a message of cost `c` when `c <= available`, or
-//!   when `available >= window / 2` (a message larger than half the window
-//!   still goes, one at a time, never waiting forever);
+//! - a message costs its footprint, but at most half the window unless it
+//!   is above [`PIPELINED_MAX`]: so two messages larger than half the
+//!   window can be in flight, and the next one is on its way (a large
+//!   one's descriptor sent, its payload ready to be read) while the
+//!   consumer takes the one before;
+//! - the sender may send a message when its cost is at most `available`,
+//!   or when `available >= window / 2` (a message above
+//!   [`PIPELINED_MAX`] goes then, alone, never waiting forever);
 //! - the receiver grants what was consumed once at least half the window is
 //!   owed.
 //!
 //! No deadlock: a blocked sender has `available < window / 2`, so more than
 //! half the window is sent and not granted; once the consumer has consumed
-//! it all, at least half the window is owed, so it is granted.
+//! it all, at least half the window is owed, so it is granted. What the
+//! receiver holds is the window's worth of messages, or two messages larger
+//! than half of it, or one above [`PIPELINED_MAX`] and half a window.
 //!
 //! **Batches.** One `Message` frame carries one or more messages of the
 //! stream; its header's `timeout_us` field says how many ([`Records`]).
@@ -56,6 +63,26 @@ pub const RECORD_PREFIX: usize = 4;
 /// Window bytes a message with `body_len` bytes of metadata and payload costs.
 pub fn message_cost(body_len: usize) -> u64 {
     align_up(HEADER_LEN.saturating_add(body_len)) as u64
+}
+
+/// Largest message that may be in flight with another one larger than half
+/// the window (see the module's rules). Above it, a second message in
+/// flight would hold twice its size on each side (the sender's encoded
+/// copy, the receiver's read buffer), and the copies, not the transfer,
+/// bound such a stream: tcp:// streams of 256 MiB messages ran at 560-730
+/// MB/s two at a time against 805-830 MB/s one at a time.
+pub const PIPELINED_MAX: u64 = 64 << 20;
+
+/// What a message with `body_len` bytes of metadata and payload takes
+/// from a window of `window` bytes: its cost, at most half the window up to
+/// [`PIPELINED_MAX`].
+fn window_cost(window: u64, body_len: usize) -> i64 {
+    let cost = message_cost(body_len);
+    if cost > PIPELINED_MAX {
+        cost.min(i64::MAX as u64) as i64
+    } else {
+        cost.min(window / 2) as i64
+    }
 }
 
 /// A stream rule the peer broke.
@@ -138,7 +165,7 @@ impl SendWindow {
     /// Whether a message of `body_len` bytes may go now (see the module's
     /// rules); if so, its cost is taken.
     pub fn try_send(&mut self, body_len: usize) -> bool {
-        let cost = message_cost(body_len) as i64;
+        let cost = window_cost(self.window, body_len);
         if cost <= self.available || self.available >= (self.window / 2) as i64 {
             self.available -= cost;
             true
@@ -186,7 +213,7 @@ impl RecvWindow {
 
     /// A message of `body_len` bytes arrived: checks it against the window.
     pub fn on_message(&mut self, body_len: usize) -> Result<(), StreamError> {
-        let cost = message_cost(body_len) as i64;
+        let cost = window_cost(self.window, body_len);
         if cost > self.allowed && self.allowed < (self.window / 2) as i64 {
             return Err(StreamError::WindowExceeded {
                 cost: cost as u64,
@@ -200,7 +227,7 @@ impl RecvWindow {
     /// The application took a message of `body_len` bytes: returns a grant
     /// to send in a `Window` frame, once enough is owed.
     pub fn on_consumed(&mut self, body_len: usize) -> Option<u32> {
-        self.owed += message_cost(body_len);
+        self.owed += window_cost(self.window, body_len) as u64;
         if self.owed < self.window / 2 {
             return None;
         }
@@ -354,16 +381,43 @@ mod tests {
     }
 
     #[test]
-    fn an_oversized_message_goes_alone() {
+    fn oversized_messages_go_two_at_a_time() {
         let mut tx = SendWindow::new(1024);
         let mut rx = RecvWindow::new(1024);
-        assert!(tx.try_send(4000));
-        rx.on_message(4000).unwrap();
+        // Each costs half the window, whatever its size: the second goes
+        // while the first is still being read, the third waits.
+        for _ in 0..2 {
+            assert!(tx.try_send(4000));
+            rx.on_message(4000).unwrap();
+        }
+        assert!(!tx.try_send(0), "nothing more until one is granted back");
+        assert!(rx.on_message(0).is_err(), "one more breaks the window");
+        let grant = rx.on_consumed(4000).expect("half the window owed at once");
+        assert_eq!(grant, 512);
+        tx.on_grant(grant).unwrap();
+        assert_eq!(tx.available(), 512);
+        assert!(tx.try_send(100_000));
+        rx.on_message(100_000).unwrap();
+    }
+
+    #[test]
+    fn a_message_above_the_pipelined_size_goes_alone() {
+        let huge = PIPELINED_MAX as usize + 1;
+        let mut tx = SendWindow::new(1024);
+        let mut rx = RecvWindow::new(1024);
+        assert!(tx.try_send(huge));
+        rx.on_message(huge).unwrap();
         assert!(!tx.try_send(0), "nothing more until it is granted back");
-        let grant = rx.on_consumed(4000).expect("owed at once");
+        assert!(rx.on_message(0).is_err(), "one more breaks the window");
+        let grant = rx.on_consumed(huge).expect("owed at once");
         tx.on_grant(grant).unwrap();
         assert_eq!(tx.available(), 1024);
-        assert!(tx.try_send(4000));
+        // After one of half the window, a huge one still goes (half the
+        // window is available), and then nothing.
+        assert!(tx.try_send(4000) && tx.try_send(huge));
+        rx.on_message(4000).unwrap();
+        rx.on_message(huge).unwrap();
+        assert!(!tx.try_send(0));
     }
 
     fn batch(messages: &[&[u8]]) -> Vec<u8> {
@@ -433,6 +487,7 @@ mod tests {
             Err(StreamError::GrantTooLarge { .. })
         ));
         let mut rx = RecvWindow::new(1024);
+        rx.on_message(1000).unwrap();
         rx.on_message(1000).unwrap();
         assert!(matches!(
             rx.on_message(0),
@@ -538,20 +593,21 @@ mod tests {
                 .chain(self.wire.iter())
                 .map(|&l| message_cost(l))
                 .sum();
+            // The window's worth, or two messages larger than half of it.
             prop_assert!(
-                held <= self.window + self.largest,
+                held <= self.window.max(2 * self.largest),
                 "{} held, window {}",
                 held,
                 self.window
             );
-            prop_assert!(self.rx.outstanding() <= self.window + self.largest);
+            prop_assert!(self.rx.outstanding() <= self.window);
             Ok(())
         }
     }
 
     proptest! {
         /// Whatever the schedule: the receiver never sees a violation, it
-        /// buffers at most the window plus one message, and once the
+        /// buffers at most the window or two oversized messages, and once the
         /// consumer catches up every message offered goes through.
         #[test]
         fn prop_windows_never_overflow_nor_deadlock(
