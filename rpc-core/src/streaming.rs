@@ -246,7 +246,7 @@ impl StreamCore {
             st.inbox.push_back(Entry {
                 data: payload,
                 count,
-                cost: body_len,
+                cost: Some(body_len),
             });
             st.reader.take()
         };
@@ -274,7 +274,7 @@ impl StreamCore {
                 st.inbox.push_back(Entry {
                     data: message,
                     count: 1,
-                    cost: 0,
+                    cost: None,
                 });
             }
             if let Some(md) = metadata {
@@ -360,13 +360,11 @@ impl StreamCore {
         let mut st = self.state();
         if let Some(Entry { data, count, cost }) = st.inbox.pop_front() {
             // A grant is worth sending only while the peer may still send.
-            let grant = if cost > 0 {
+            let grant = cost.and_then(|cost| {
                 st.recv
                     .on_consumed(cost)
                     .filter(|_| st.over.is_none() && !st.inbound.is_closed())
-            } else {
-                None
-            };
+            });
             return Poll::Ready(Some(Ok(Received { data, count, grant })));
         }
         match &st.end {
@@ -411,12 +409,15 @@ impl StreamCore {
 }
 
 /// A frame in a stream's inbox: `count` messages ([`Records`]) and what
-/// they cost the window (0 for a final message outside it).
+/// they cost the window.
 #[derive(Debug)]
 struct Entry {
     data: crate::payload::Payload,
     count: u32,
-    cost: usize,
+    /// The body length the window counted; `None` for a final message
+    /// outside the window (an empty message inside it is `Some(0)`, which
+    /// still costs a header's worth and must be granted back).
+    cost: Option<usize>,
 }
 
 /// A frame taken from a stream's inbox.

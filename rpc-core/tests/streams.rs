@@ -277,6 +277,33 @@ fn a_million_messages_arrive_in_order() {
     assert_eq!(expected, 1_000_000);
 }
 
+on_every_fabric!(empty_messages_give_their_window_back);
+/// A default message encodes to no bytes, yet its frame costs window: it
+/// must be granted back like any other, or a stream of them stalls once
+/// they have used up the window (4,096 of them in 256 KiB).
+fn empty_messages_give_their_window_back(url: &str) {
+    let (_server, ch, _) = start(url);
+    let (mut tx, call) = client_streaming_sender::<Item, Item>(&ch, SUM, Request::new(()));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for _ in 0..10_000 {
+            tx.send(Item::default()).unwrap();
+        }
+        tx.close().unwrap();
+        done_tx.send(futures::executor::block_on(call)).unwrap();
+    });
+    let reply = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{url}: a stream of empty messages stalled"))
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (reply.seq, reply.data),
+        (0, vec![(10_000 % 256) as u8]),
+        "{url}"
+    );
+}
+
 on_every_fabric!(client_streams_and_bidi_streams_both_ways);
 fn client_streams_and_bidi_streams_both_ways(url: &str) {
     let (_server, ch, _) = start(url);

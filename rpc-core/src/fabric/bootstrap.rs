@@ -23,7 +23,10 @@ use std::time::Duration;
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
 pub(crate) const MAGIC: &[u8; 8] = b"RDMARPC\0";
-const HELLO_VERSION: u16 = 6;
+/// 7: a stream message costs at most half the window (up to 64 MiB), and
+/// one above that at most 2 GiB; a peer counting the old way would see its
+/// window overrun or never granted back.
+const HELLO_VERSION: u16 = 7;
 
 /// Which fabric a handshake sets up (both sides must agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

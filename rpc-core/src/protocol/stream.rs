@@ -32,9 +32,11 @@
 //!
 //! No deadlock: a blocked sender has `available < window / 2`, so more than
 //! half the window is sent and not granted; once the consumer has consumed
-//! it all, at least half the window is owed, so it is granted. What the
+//! it all, at least half the window is owed, so it is granted (in one
+//! grant: a message above [`PIPELINED_MAX`] costs at most 2 GiB). What the
 //! receiver holds is the window's worth of messages, or two messages larger
-//! than half of it, or one above [`PIPELINED_MAX`] and half a window.
+//! than half of it, or one above [`PIPELINED_MAX`] after at most half a
+//! window's worth (which may be one message of up to [`PIPELINED_MAX`]).
 //!
 //! **Batches.** One `Message` frame carries one or more messages of the
 //! stream; its header's `timeout_us` field says how many ([`Records`]).
@@ -79,7 +81,8 @@ pub const PIPELINED_MAX: u64 = 64 << 20;
 fn window_cost(window: u64, body_len: usize) -> i64 {
     let cost = message_cost(body_len);
     if cost > PIPELINED_MAX {
-        cost.min(i64::MAX as u64) as i64
+        // Capped so that one grant (32 bits) always gives it all back.
+        cost.min(u64::from(u32::MAX / 2)) as i64
     } else {
         cost.min(window / 2) as i64
     }
@@ -148,7 +151,7 @@ impl std::error::Error for StreamError {}
 pub struct SendWindow {
     window: u64,
     /// Window minus what was sent and not granted back; negative after a
-    /// message larger than the window.
+    /// message above [`PIPELINED_MAX`].
     available: i64,
 }
 
@@ -174,7 +177,8 @@ impl SendWindow {
         }
     }
 
-    /// Window bytes available now (negative after an oversized message).
+    /// Window bytes available now (negative after a message above
+    /// [`PIPELINED_MAX`]).
     pub fn available(&self) -> i64 {
         self.available
     }
@@ -231,8 +235,8 @@ impl RecvWindow {
         if self.owed < self.window / 2 {
             return None;
         }
-        // A grant fits in the header's 32 bits: an oversized message is at
-        // most a frame, itself bounded by the ring (at most 2^32 bytes).
+        // A grant fits in the header's 32 bits: less than half the window
+        // was owed before this message, which costs at most 2 GiB.
         let grant = u32::try_from(self.owed).unwrap_or(u32::MAX);
         self.owed -= u64::from(grant);
         self.allowed += i64::from(grant);
