@@ -210,9 +210,7 @@ impl CompletionQueue for SoftCq {
         if let Some(io) = inner.io.get() {
             io.poll_now(inner);
         }
-        if inner.entries.is_empty() {
-            return 0;
-        }
+        // An empty ring costs `pop_into` the same two loads as `is_empty`.
         inner.entries.pop_into(out, max)
     }
 
