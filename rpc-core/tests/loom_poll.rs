@@ -119,18 +119,24 @@ impl Ep {
 
 impl Ep {
     /// `UnaryCall`'s `poll`, `.await`ed: checks the slot, turns the queue
-    /// once if nobody else does, and asks to be polled again at once on its
-    /// first miss, then for the poller to take over.
+    /// once if nobody else does (nor did since its last look), and asks to
+    /// be polled again at once on its first two misses (the first look may
+    /// find another caller's turn and skip its own), then for the poller to
+    /// take over.
     fn wait_async(&self, slot: Slot) -> Outcome {
         let mut misses = 0;
+        let mut seen = 0;
         let outcome = loom::future::block_on(poll_fn(|cx| {
             let mut outcome = slot.poll(cx);
-            if outcome.is_pending() && self.poll.try_turn(|_| self.turn()) && slot.is_done() {
+            if outcome.is_pending()
+                && self.poll.try_turn(&mut seen, |_| self.turn())
+                && slot.is_done()
+            {
                 outcome = slot.poll(cx);
             }
             if outcome.is_pending() {
                 misses += 1;
-                if misses <= 1 {
+                if misses <= 2 {
                     cx.waker().wake_by_ref();
                 } else {
                     self.poll.ensure_polled();

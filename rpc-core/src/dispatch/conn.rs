@@ -320,22 +320,23 @@ impl<F: Fabric> Conn<F> {
         fail_fast: bool,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), SendError> {
-        self.send_with(frame, fail_fast, false, fill).map(drop)
+        self.send_with(frame, fail_fast, 0, fill).map(drop)
     }
 
-    /// Like [`Conn::send`], but the write may stay staged until
-    /// [`Conn::uncork`] (or a full batch, or a turn of the dispatcher that
-    /// touches this connection): requests that callers issue back to back
-    /// then leave in one post, one vectored write on tcp://. Returns whether
-    /// this write corked the connection: then hand it to
-    /// [`Endpoint::corked`], so that it leaves even if nobody uncorks it.
+    /// Like [`Conn::send`], but the write may stay staged, until it carries
+    /// `batch` frames or [`Conn::uncork`] (or a full send queue): requests
+    /// that callers issue back to back then leave in one post, one vectored
+    /// write on tcp://. Returns whether this write corked the connection:
+    /// then hand it to [`Endpoint::corked`], so that it leaves even if
+    /// nobody uncorks it.
     pub(crate) fn send_corked(
         &self,
         frame: &OutFrame<'_>,
         fail_fast: bool,
+        batch: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, SendError> {
-        self.send_with(frame, fail_fast, true, fill)
+        self.send_with(frame, fail_fast, batch, fill)
     }
 
     /// Posts the writes [`Conn::send_corked`] left staged.
@@ -355,7 +356,7 @@ impl<F: Fabric> Conn<F> {
         &self,
         frame: &OutFrame<'_>,
         fail_fast: bool,
-        cork: bool,
+        cork: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, SendError> {
         let header = frame.header(self.peer_max_message())?;
@@ -384,7 +385,7 @@ impl<F: Fabric> Conn<F> {
         mut header: Header,
         frame: &OutFrame<'_>,
         fail_fast: bool,
-        cork: bool,
+        cork: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, SendError> {
         let mut buf = self
@@ -434,7 +435,7 @@ impl<F: Fabric> Conn<F> {
         header: Header,
         frame: &OutFrame<'_>,
         fail_fast: bool,
-        cork: bool,
+        cork: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, SendError> {
         let md_len = header.metadata_len as usize;
@@ -788,7 +789,7 @@ impl<F: Fabric> Conn<F> {
             metadata: None,
             payload_len: 0,
         };
-        if let Err(e) = self.send_with(&release, false, false, &mut |_| {}) {
+        if let Err(e) = self.send_with(&release, false, 0, &mut |_| {}) {
             tracing::debug!(qp_num = self.qp_num, error = ?e, "cannot release a read buffer");
         }
         for (id, src) in next {
@@ -807,7 +808,7 @@ impl<F: Fabric> Conn<F> {
         let SendState { staging, proto, .. } = &mut *s;
         tell_time(proto);
         proto.end_batch(copy_into(staging));
-        self.post_transmits(&mut s);
+        self.post_if_due(&mut s);
     }
 
     /// A buffer for an incoming message, reused if one was given back.
@@ -943,6 +944,8 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
         cork: bool,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), SendError> {
+        // A stream's producer uncorks after each of its turns.
+        let cork = if cork { usize::MAX } else { 0 };
         self.send_with(frame, false, cork, fill).map(drop)
     }
     fn uncork(&self) {

@@ -477,8 +477,14 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// it, for a caller's future that checks on its response (see
     /// `UnaryCall`'s `poll`); returns whether it did. While futures do this,
     /// the poller thread naps instead of competing with them.
-    pub(crate) fn try_progress(self: &Arc<Self>) -> bool {
-        self.poll.try_turn(|st| self.turn(st))
+    pub(crate) fn try_progress(self: &Arc<Self>, seen: &mut u64) -> bool {
+        self.poll.try_turn(seen, |st| self.turn(st))
+    }
+
+    /// How many of the callers' turns found completions (see
+    /// `PollHandoff::found_turns`).
+    pub(crate) fn found_turns(&self) -> u64 {
+        self.poll.found_turns()
     }
 
     /// One round of the poller's loop on the calling thread, for a harness

@@ -124,6 +124,8 @@ pub struct Sender {
     /// A caller's frame is held, to leave with the frames other callers
     /// send meanwhile.
     corked: bool,
+    /// Frames corked since the last post.
+    held_frames: usize,
     transmits: Vec<Transmit>,
     /// `posted` at the last heartbeat tick, and how many ticks in a row
     /// found it unchanged (see [`Sender::heartbeat_tick`]).
@@ -175,6 +177,7 @@ impl Sender {
             dead: None,
             batching: false,
             corked: false,
+            held_frames: 0,
             transmits: Vec::with_capacity(MAX_HELD),
             heartbeat_seen: 0,
             quiet_ticks: 0,
@@ -268,13 +271,15 @@ impl Sender {
     }
 
     /// The frame [`Sender::reserve`] placed at `offset` of the peer's ring
-    /// and `staged` of the staging area is written there. With `cork`, its
-    /// write is held (see [`Sender::should_post`]) for frames that follow;
-    /// without, it takes the held ones along. Returns whether this frame
-    /// corked the connection.
-    pub fn sent(&mut self, offset: usize, staged: usize, len: usize, cork: bool) -> bool {
+    /// and `staged` of the staging area is written there. Its write is held
+    /// (see [`Sender::should_post`]) for frames that follow until it carries
+    /// `cork` frames (those held since the last post, this one included);
+    /// then, or with `cork` 0 or 1, it leaves with the held ones. Returns
+    /// whether this frame corked the connection.
+    pub fn sent(&mut self, offset: usize, staged: usize, len: usize, cork: usize) -> bool {
         let was_corked = self.corked;
-        self.corked = cork;
+        self.held_frames += 1;
+        self.corked = self.held_frames < cork;
         self.push_frame(offset, staged, len);
         self.corked && !was_corked
     }
@@ -399,6 +404,7 @@ impl Sender {
     /// (the connection is then dead).
     pub fn on_posted(&mut self, result: Result<(), String>) {
         self.corked = false;
+        self.held_frames = 0;
         self.transmits.clear();
         if let Err(why) = result {
             self.dead.get_or_insert(why);
@@ -692,7 +698,7 @@ mod tests {
         let Ok(Reserved::Ring { offset: 0, .. }) = s.reserve(2048, false) else {
             panic!("first frame fits");
         };
-        assert!(!s.sent(0, 0, 2048, false));
+        assert!(!s.sent(0, 0, 2048, 0));
         assert!(s.should_post(false));
         assert!(s.transmits()[0].signaled, "half the staging area");
         s.on_posted(Ok(()));
@@ -706,7 +712,7 @@ mod tests {
         else {
             panic!("second frame fits");
         };
-        s.sent(2048, 0, 2048, false);
+        s.sent(2048, 0, 2048, 0);
         s.on_posted(Ok(()));
         s.on_completion(2);
         assert_eq!(
@@ -739,7 +745,7 @@ mod tests {
                 panic!("frame {i} fits");
             };
             assert_eq!((offset, staged), (i * 640, i * 640));
-            s.sent(offset, staged, 640, false);
+            s.sent(offset, staged, 640, 0);
             signaled.push(s.transmits()[0].signaled);
             s.on_posted(Ok(()));
         }
@@ -774,7 +780,7 @@ mod tests {
             let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(2048, false) else {
                 panic!("fits");
             };
-            s.sent(offset, staged, 2048, false);
+            s.sent(offset, staged, 2048, 0);
             let wr = s.transmits()[0].wr_id;
             s.on_posted(Ok(()));
             s.on_completion(wr);
@@ -810,7 +816,7 @@ mod tests {
                 panic!("fits");
             };
             assert_eq!(
-                s.sent(offset, staged, 64, true),
+                s.sent(offset, staged, 64, usize::MAX),
                 i == 0,
                 "only the first corks"
             );
@@ -819,11 +825,34 @@ mod tests {
         let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) else {
             panic!("fits");
         };
-        assert!(!s.sent(offset, staged, 64, false));
+        assert!(!s.sent(offset, staged, 64, 0));
         assert!(s.should_post(false));
         // Back to back in the ring: one write carries all four.
         assert_eq!(s.transmits().len(), 1);
         assert_eq!(s.transmits()[0].local, Some((0, 4 * 64)));
+    }
+
+    #[test]
+    fn a_corked_write_leaves_once_it_carries_its_batch() {
+        let mut s = Sender::new(4096, 4096, 128, 1 << 20).unwrap();
+        let send = |s: &mut Sender, batch| {
+            let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) else {
+                panic!("fits");
+            };
+            s.sent(offset, staged, 64, batch)
+        };
+        assert!(!send(&mut s, 1), "a batch of one is not held");
+        assert!(s.should_post(false));
+        s.on_posted(Ok(()));
+        assert!(send(&mut s, 3), "the first of three corks");
+        assert!(!send(&mut s, 3));
+        assert!(!s.should_post(false), "two of three held");
+        assert!(!send(&mut s, 3));
+        assert!(s.should_post(false), "the third completes the batch");
+        assert_eq!(s.transmits().len(), 1, "one write carries the three");
+        assert_eq!(s.transmits()[0].local, Some((64, 3 * 64)));
+        s.on_posted(Ok(()));
+        assert!(send(&mut s, 3), "counting starts again after a post");
     }
 
     #[test]
@@ -840,7 +869,7 @@ mod tests {
             h.call_id = CallId(i as u64);
             h.encode((&mut bytes[..HEADER_LEN]).try_into().unwrap());
             ring[offset..offset + len].copy_from_slice(&bytes);
-            s.sent(offset, staged, len, true);
+            s.sent(offset, staged, len, usize::MAX);
         }
         s.uncork();
         let [t] = s.transmits() else {
@@ -891,7 +920,7 @@ mod tests {
         let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) else {
             panic!("fits");
         };
-        s.sent(offset, staged, 64, false);
+        s.sent(offset, staged, 64, 0);
         assert!(!s.should_post(true));
         assert!(s.should_post(false), "another thread's reply is not held");
         s.end_batch(|_, _| unreachable!("nothing queued"));
@@ -903,7 +932,7 @@ mod tests {
         let mut s = Sender::new(1 << 16, 4096, 8, 1 << 20).unwrap();
         let mut ring = 0;
         while let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) {
-            s.sent(offset, staged, 64, false);
+            s.sent(offset, staged, 64, 0);
             s.on_posted(Ok(()));
             ring += 1;
         }
@@ -994,7 +1023,7 @@ mod tests {
             let Reserved::Ring { offset, staged, .. } = tx.reserve(64, false).unwrap() else {
                 panic!("room")
             };
-            tx.sent(offset, staged, 64, false);
+            tx.sent(offset, staged, 64, 0);
             tx.on_posted(Ok(()));
             assert_eq!(tx.heartbeat_tick(), None);
         }

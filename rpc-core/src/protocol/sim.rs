@@ -288,9 +288,9 @@ impl Sim {
         out[HEADER_LEN..].copy_from_slice(body);
     }
 
-    /// A sends a frame of `len` bytes (header included); `cork` holds it
-    /// for the frames that follow.
-    fn send(&mut self, len: usize, cork: bool) {
+    /// A sends a frame of `len` bytes (header included); `cork` holds its
+    /// write for the frames that follow until it carries that many.
+    fn send(&mut self, len: usize, cork: usize) {
         assert!((HEADER_LEN..=self.cap / 2).contains(&len));
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -355,7 +355,7 @@ impl Sim {
                 let out = &mut self.b.staging[staged..staged + len];
                 header(ack).encode((&mut out[..HEADER_LEN]).try_into().unwrap());
                 out[HEADER_LEN..].fill(seq as u8);
-                self.b.tx.sent(offset, staged, len, false);
+                self.b.tx.sent(offset, staged, len, 0);
                 self.post(Side::B, in_turn);
             }
             Ok(Reserved::Queue) => {
@@ -666,12 +666,20 @@ impl Sim {
     fn apply(&mut self, action: &Action) {
         let max = self.cap / 2;
         match *action {
-            Action::SendSmall(n) => self.send(HEADER_LEN + usize::from(n) % 257, false),
+            Action::SendSmall(n) => self.send(HEADER_LEN + usize::from(n) % 257, 0),
             Action::SendAny(n) => {
-                self.send(HEADER_LEN + n as usize % (max - HEADER_LEN + 1), false);
+                self.send(HEADER_LEN + n as usize % (max - HEADER_LEN + 1), 0);
             }
-            Action::SendMax => self.send(max, false),
-            Action::SendCorked(n) => self.send(HEADER_LEN + usize::from(n) % 257, true),
+            Action::SendMax => self.send(max, 0),
+            Action::SendCorked(n) => {
+                // Held until uncorked, or until its write carries 2 to 5
+                // frames.
+                let batch = match usize::from(n) / 257 % 5 {
+                    0 => usize::MAX,
+                    k => k + 1,
+                };
+                self.send(HEADER_LEN + usize::from(n) % 257, batch);
+            }
             Action::Uncork => self.uncork(),
             Action::SendTooLarge(extra) => self.send_too_large(extra),
             Action::Deliver(side) => {
@@ -714,7 +722,7 @@ impl Sim {
             );
         }
         let expected = self.expected_seq;
-        self.send(self.cap / 2, false);
+        self.send(self.cap / 2, 0);
         assert_eq!(
             self.a.tx.queued(),
             0,
@@ -735,7 +743,7 @@ enum Action {
     SendAny(u32),
     /// A sends a frame of exactly the ring's limit.
     SendMax,
-    /// A sends a small frame, corked.
+    /// A sends a small frame, corked (for good, or for a few frames).
     SendCorked(u16),
     /// A's caller uncorks.
     Uncork,
