@@ -129,7 +129,7 @@ impl Ep {
         let outcome = loom::future::block_on(poll_fn(|cx| {
             let mut outcome = slot.poll(cx);
             if outcome.is_pending()
-                && self.poll.try_turn(&mut seen, |_| self.turn())
+                && self.poll.try_turn(&mut seen, |_| self.turn()).is_some()
                 && slot.is_done()
             {
                 outcome = slot.poll(cx);

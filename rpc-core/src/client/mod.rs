@@ -1581,11 +1581,6 @@ impl Connection {
         with_client!(&self.client, c => c.ep.try_progress(seen))
     }
 
-    /// How many of the callers' turns of the queue found completions.
-    fn found_turns(&self) -> u64 {
-        with_client!(&self.client, c => c.ep.found_turns())
-    }
-
     /// How long a caller keeps polling for a response before it sleeps.
     fn spin_budget(&self) -> Duration {
         let spin = self.spin;
@@ -2420,14 +2415,14 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                     // the clock on every one of them costs more than
                     // overshooting the budget by seven.
                     Some(_) if this.misses % 8 != 0 => true,
-                    // The budget runs from the last time a turn found
-                    // responses, not from the call's start: with many calls
-                    // in flight each waits long, but the queue delivers
-                    // often, and spinning on it pays.
+                    // The budget runs from the last time a turn on this
+                    // thread found responses, not from the call's start:
+                    // with many calls in flight each waits long, but the
+                    // queue delivers often, and spinning on it pays.
                     Some(started) => match &this.canceller {
                         Some(c) => {
                             let now = Instant::now();
-                            let found = c.found_turns();
+                            let found = crate::dispatch::found_turns();
                             if found != this.found_seen {
                                 this.found_seen = found;
                                 this.spin_from = Some(now);

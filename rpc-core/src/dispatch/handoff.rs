@@ -38,8 +38,6 @@ pub struct PollHandoff<S> {
     /// the queue themselves: while this grows, the poller naps. A counter,
     /// not a time: the hot path reads no clock for it.
     self_polls: AtomicU64,
-    /// How many of the callers' turns found completions.
-    found_turns: AtomicU64,
     /// A caller or future stopped polling without its response, or with
     /// others waiting, and asked the poller to take over
     /// ([`PollHandoff::ensure_polled`]).
@@ -69,7 +67,6 @@ impl<S> PollHandoff<S> {
             callers_polling: AtomicUsize::new(0),
             poller_napping: AtomicBool::new(false),
             self_polls: AtomicU64::new(0),
-            found_turns: AtomicU64::new(0),
             take_over: AtomicBool::new(false),
         }
     }
@@ -172,7 +169,8 @@ impl<S> PollHandoff<S> {
     }
 
     /// Turns the queue once with `turn` if nobody else holds it, for a
-    /// caller's future that checks on its response; returns whether it did.
+    /// caller's future that checks on its response; returns what `turn`
+    /// returned (the completions it handled), or `None` if it did not turn.
     /// While futures do this, the poller naps instead of competing with them.
     ///
     /// `seen` is the count of callers' turns this future saw when it last
@@ -181,28 +179,15 @@ impl<S> PollHandoff<S> {
     /// waiting futures in a row (a task joining many calls, an executor
     /// running many tasks) then turns the queue once per round of them
     /// instead of once per future, and each turn finds more.
-    pub fn try_turn(&self, seen: &mut u64, turn: impl FnOnce(&mut S) -> usize) -> bool {
+    pub fn try_turn(&self, seen: &mut u64, turn: impl FnOnce(&mut S) -> usize) -> Option<usize> {
         let polls = self.self_polls.load(Ordering::Relaxed);
         if polls != *seen {
             *seen = polls;
-            return false;
+            return None;
         }
-        let Some(mut st) = self.try_lock() else {
-            return false;
-        };
+        let mut st = self.try_lock()?;
         *seen = self.self_polls.fetch_add(1, Ordering::Relaxed) + 1;
-        if turn(&mut st) > 0 {
-            self.found_turns.fetch_add(1, Ordering::Relaxed);
-        }
-        true
-    }
-
-    /// How many of the callers' turns ([`PollHandoff::try_turn`]) found
-    /// completions so far: while it grows, responses keep coming, and a
-    /// future waiting among many keeps polling however long its own call
-    /// takes.
-    pub fn found_turns(&self) -> u64 {
-        self.found_turns.load(Ordering::Relaxed)
+        Some(turn(&mut st))
     }
 
     /// The poller's look, each time around its loop: true if callers poll
