@@ -2333,11 +2333,13 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
     type Output = Result<Response<T>, Status>;
 
     /// Checks for the response. While it is missing, the task turns the
-    /// completion queue itself, as a blocking [`UnaryCall::wait`] does, and
-    /// asks to be polled again soon, for up to the channel's spin time: a
-    /// quick response then completes on the task's own thread with no
-    /// hand-off. After that the channel's dispatcher takes over and wakes
-    /// the task.
+    /// completion queue itself, as a blocking [`UnaryCall::wait`] does
+    /// (unless another waiting call turned it since this one last looked:
+    /// many calls polled in a row turn it once per round), and asks to be
+    /// polled again soon, for up to the channel's spin time from its start
+    /// or from the last turn on this thread that found responses: a quick
+    /// response then completes on the task's own thread with no hand-off.
+    /// After that the channel's dispatcher takes over and wakes the task.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if self.pending.is_some() && self.poll_started(cx).is_pending() {
             return Poll::Pending;
