@@ -2076,9 +2076,10 @@ pub struct UnaryCall<T> {
     /// Callers' turns of the queue as of this call's last look (see
     /// `PollHandoff::try_turn`).
     turns_seen: u64,
-    /// `found_turns` as of this call's last look at its spin budget, and
-    /// when it last saw it grow: the budget runs from then.
+    /// `dispatch::found_turns` as of this call's last look at its spin
+    /// budget.
     found_seen: u64,
+    /// When that look last saw it grow: the budget runs from then.
     spin_from: Option<Instant>,
     /// The first poll let other tasks stage their requests (see `poll`).
     yielded: bool,

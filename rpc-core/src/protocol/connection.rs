@@ -124,7 +124,8 @@ pub struct Sender {
     /// A caller's frame is held, to leave with the frames other callers
     /// send meanwhile.
     corked: bool,
-    /// Frames corked since the last post.
+    /// Frames handed out since the last post (corked or not): a corked
+    /// write leaves once it carries the batch its sender asked for.
     held_frames: usize,
     transmits: Vec<Transmit>,
     /// `posted` at the last heartbeat tick, and how many ticks in a row
