@@ -47,6 +47,22 @@ pub(crate) trait Link: Send + Sync {
         cork: bool,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), SendError>;
+    /// A buffer of this link's fabric to encode a payload of `len` bytes
+    /// into ahead of its send, if a payload that size travels by
+    /// rendezvous (lent to the peer and read from there); `None` if it
+    /// travels in the ring. Checks `len` against the peer's limit before
+    /// it allocates.
+    fn lend_buffer(&self, len: usize) -> Result<Option<LendBuf>, SendError> {
+        let _ = len;
+        Ok(None)
+    }
+    /// Sends a frame whose payload is `buf` (from [`Link::lend_buffer`],
+    /// `frame.payload_len` bytes) by lending it, with no copy.
+    fn send_lent(&self, frame: &OutFrame<'_>, cork: bool, buf: LendBuf) -> Result<(), SendError> {
+        let mut buf = buf;
+        let bytes = buf.bytes();
+        self.send(frame, cork, &mut |b| b.copy_from_slice(bytes))
+    }
     /// Posts the writes held by corked sends.
     fn uncork(&self);
     /// The peer's address, for logs.
@@ -57,6 +73,45 @@ pub(crate) trait Link: Send + Sync {
     fn remote(&self) -> Option<Arc<crate::Peer>>;
     /// Takes back the buffer a message arrived in, once decoded.
     fn recycle(&self, buf: crate::payload::Payload);
+}
+
+/// A payload encoded ahead of its send into a buffer of a link's fabric,
+/// to be lent to the peer as it is ([`Link::lend_buffer`]).
+pub(crate) struct LendBuf(Box<dyn LendBytes>);
+
+/// A fabric's large-message buffer, its type erased.
+trait LendBytes: std::any::Any + Send + Sync {
+    fn bytes(&mut self) -> &mut [u8];
+}
+
+impl<B: crate::fabric::Buffer> LendBytes for B {
+    fn bytes(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+impl LendBuf {
+    /// Wraps a fabric's buffer.
+    pub(crate) fn new<B: crate::fabric::Buffer>(buf: B) -> LendBuf {
+        LendBuf(Box::new(buf))
+    }
+
+    /// Its bytes, to encode into.
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        self.0.bytes()
+    }
+
+    /// The fabric's buffer back, if it is a `B`.
+    pub(crate) fn into_inner<B: crate::fabric::Buffer>(self) -> Option<B> {
+        let any: Box<dyn std::any::Any + Send + Sync> = self.0;
+        any.downcast::<B>().ok().map(|b| *b)
+    }
+}
+
+impl fmt::Debug for LendBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LendBuf").finish_non_exhaustive()
+    }
 }
 
 /// The link of a call that never started: nothing can be sent.
@@ -441,6 +496,11 @@ pub(crate) struct Outbox {
     /// Messages gathered for the next frame, each after its length.
     batch: Vec<u8>,
     count: u32,
+    /// A message large enough to travel by rendezvous, encoded ahead into
+    /// the buffer it will be lent in, with its length: it waits for the
+    /// window (while the one before is read), then goes with no copy.
+    /// Nothing is gathered into `batch` while it waits.
+    lent: Option<(LendBuf, usize)>,
 }
 
 impl Outbox {
@@ -460,6 +520,7 @@ impl Outbox {
             first_metadata,
             batch: Vec::new(),
             count: 0,
+            lent: None,
         }
     }
 
@@ -474,19 +535,36 @@ impl Outbox {
         )
     }
 
-    /// Adds `message` to the batch; first sends the batch if it would grow
-    /// past [`MAX_BATCH`] (`Pending` while the window does not allow that:
-    /// then `message` was not taken).
+    /// Adds `message` to the batch, or encodes it ahead into a buffer to be
+    /// lent if it is that large; first sends what waits before it if the
+    /// batch would grow past [`MAX_BATCH`] or the message goes alone
+    /// (`Pending` while the window does not allow that: then `message` was
+    /// not taken).
     fn poll_push<M: prost::Message>(
         &mut self,
         cx: &mut Context<'_>,
         message: &M,
     ) -> Poll<Result<(), Status>> {
         let len = message.encoded_len();
-        if self.count > 0 && self.batch.len() + RECORD_PREFIX + len > MAX_BATCH {
+        let alone = self.lent.is_some() || len > MAX_BATCH;
+        if alone || (self.count > 0 && self.batch.len() + RECORD_PREFIX + len > MAX_BATCH) {
             match self.poll_send_batch(cx) {
                 Poll::Ready(Ok(())) => {}
                 other => return other,
+            }
+        }
+        if len > MAX_BATCH {
+            // Encoded now, into the buffer it will be lent in, while the
+            // message before it is still being read: not in the batch and
+            // again into that buffer once the window opens.
+            match self.link.lend_buffer(len) {
+                Ok(Some(mut buf)) => {
+                    encode_exact(message, buf.bytes());
+                    self.lent = Some((buf, len));
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Err(Status::from(e))),
             }
         }
         self.batch.reserve(RECORD_PREFIX + len);
@@ -500,8 +578,22 @@ impl Outbox {
     }
 
     /// Sends the gathered messages as one `Message` frame once the window
-    /// allows it. The write may stay corked until [`Outbox::flush`].
+    /// allows it, or the message encoded ahead to be lent. The write may
+    /// stay corked until [`Outbox::flush`].
     fn poll_send_batch(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        if let Some((_, len)) = &self.lent {
+            let len = *len;
+            match self.poll_window_for(cx, len) {
+                Poll::Ready(Ok(md)) => {
+                    let (buf, _) = self.lent.take().expect("checked above");
+                    let frame = self.message_frame(1, md, len);
+                    let sent = self.link.send_lent(&frame, true, buf);
+                    self.first_metadata = None;
+                    return Poll::Ready(sent.map_err(Status::from));
+                }
+                other => return other.map(|r| r.map(drop)),
+            }
+        }
         if self.count == 0 {
             return Poll::Ready(Ok(()));
         }
@@ -545,25 +637,42 @@ impl Outbox {
         payload_len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Poll<Result<(), Status>> {
+        let md = match self.poll_window_for(cx, payload_len) {
+            Poll::Ready(Ok(md)) => md,
+            other => return other.map(|r| r.map(drop)),
+        };
+        let frame = self.message_frame(count, md, payload_len);
+        let sent = self.link.send(&frame, true, fill);
+        self.first_metadata = None;
+        Poll::Ready(sent.map_err(Status::from))
+    }
+
+    /// Waits for the window to allow a frame of `payload_len` bytes and the
+    /// metadata it carries; then whether it carries any.
+    fn poll_window_for(
+        &mut self,
+        cx: &mut Context<'_>,
+        payload_len: usize,
+    ) -> Poll<Result<bool, Status>> {
         let md = self.first_metadata.as_ref().filter(|m| !m.is_empty());
         let md_len = md.map_or(0, Metadata::encoded_len);
-        match self.core.poll_window(cx, md_len + payload_len) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
-            Poll::Ready(Ok(())) => {}
-        }
-        let frame = OutFrame {
+        self.core
+            .poll_window(cx, md_len + payload_len)
+            .map(|r| r.map(|()| md.is_some()))
+    }
+
+    /// The `Message` frame of `count` messages in `payload_len` bytes, with
+    /// the first metadata if `with_md`.
+    fn message_frame(&self, count: u32, with_md: bool, payload_len: usize) -> OutFrame<'_> {
+        OutFrame {
             kind: FrameKind::Message,
             call_id: self.call_id,
             method_id: self.method_id,
             status: 0,
             timeout_us: count,
-            metadata: md,
+            metadata: self.first_metadata.as_ref().filter(|_| with_md),
             payload_len,
-        };
-        let sent = self.link.send(&frame, true, fill);
-        self.first_metadata = None;
-        Poll::Ready(sent.map_err(Status::from))
+        }
     }
 
     /// Posts what corked sends held.

@@ -345,6 +345,47 @@ fn client_streams_and_bidi_streams_both_ways(url: &str) {
     assert!(rx.blocking_message().unwrap().is_none(), "{url}");
 }
 
+on_every_fabric!(messages_lent_and_in_the_ring_keep_their_order);
+/// Stream messages large enough to be lent (encoded ahead into the buffer
+/// the peer reads) and small ones gathered into the ring, interleaved both
+/// ways: each arrives whole, in its place, and a lent first message still
+/// carries the stream's initial metadata.
+fn messages_lent_and_in_the_ring_keep_their_order(url: &str) {
+    let (_server, ch, _) = start(url);
+    const SIZES: [usize; 8] = [0, 100, 20_000, 40_000, 8, 300_000, 1 << 20, 33_000];
+    let sent = |seq: u64| Item {
+        seq,
+        data: (0..SIZES[seq as usize % SIZES.len()])
+            .map(|i| (i as u64 * 31 + seq) as u8)
+            .collect(),
+    };
+    let requests = futures::stream::iter((0..200).map(sent));
+    let mut echoed = streaming::<_, Item>(&ch, ECHO, Request::new(requests));
+    let mut next = 0u64;
+    while let Some(m) = echoed.blocking_message().unwrap() {
+        let want = sent(next);
+        assert_eq!(m.seq, next * 2, "{url}: message {next} out of order");
+        assert!(m.data == want.data, "{url}: message {next} arrived damaged");
+        next += 1;
+    }
+    assert_eq!(next, 200, "{url}");
+    // A server stream whose every message is lent, the first one with the
+    // initial metadata.
+    let mut stream = count(&ch, 5, 1 << 20);
+    for seq in 0..5u64 {
+        let m = stream.blocking_message().unwrap().expect("five messages");
+        assert_eq!((m.seq, m.data.len()), (seq, 1 << 20), "{url}");
+        assert!(m.data.iter().all(|&b| b == seq as u8), "{url}");
+    }
+    assert!(stream.blocking_message().unwrap().is_none(), "{url}");
+    assert_eq!(
+        stream.metadata().unwrap().get("kind"),
+        Some("count"),
+        "{url}"
+    );
+    assert_eq!(stream.trailers().unwrap().get("sent"), Some("5"), "{url}");
+}
+
 /// Runs a future to completion on this thread.
 trait WaitBlocking: std::future::Future + Sized {
     fn wait_blocking(self) -> Self::Output {

@@ -382,7 +382,7 @@ impl<F: Fabric> Conn<F> {
     /// releases it ([`FrameKind::Release`]).
     fn send_lent(
         &self,
-        mut header: Header,
+        header: Header,
         frame: &OutFrame<'_>,
         fail_fast: bool,
         cork: usize,
@@ -393,6 +393,19 @@ impl<F: Fabric> Conn<F> {
             .buffer(frame.payload_len)
             .map_err(|e| SendError::NoBuffer(e.to_string()))?;
         fill(&mut buf);
+        self.lend_filled(header, frame, fail_fast, cork, buf)
+    }
+
+    /// Lends `buf`, which holds the frame's payload, and stages the
+    /// frame's descriptor of it.
+    fn lend_filled(
+        &self,
+        mut header: Header,
+        frame: &OutFrame<'_>,
+        fail_fast: bool,
+        cork: usize,
+        buf: <F::Region as Region>::Buffer,
+    ) -> Result<bool, SendError> {
         let remote = {
             let mut s = self.send_state();
             if let Some(why) = s.proto.death() {
@@ -947,6 +960,38 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
         // A stream's producer uncorks after each of its turns.
         let cork = if cork { usize::MAX } else { 0 };
         self.send_with(frame, false, cork, fill).map(drop)
+    }
+    fn lend_buffer(&self, len: usize) -> Result<Option<crate::streaming::LendBuf>, SendError> {
+        if len <= self.lend_above {
+            return Ok(None);
+        }
+        let max = self.peer_max_message();
+        if len > max {
+            return Err(SendError::TooLarge { len, max });
+        }
+        let buf = self
+            .fabric
+            .buffer(len)
+            .map_err(|e| SendError::NoBuffer(e.to_string()))?;
+        Ok(Some(crate::streaming::LendBuf::new(buf)))
+    }
+    fn send_lent(
+        &self,
+        frame: &OutFrame<'_>,
+        cork: bool,
+        buf: crate::streaming::LendBuf,
+    ) -> Result<(), SendError> {
+        let cork = if cork { usize::MAX } else { 0 };
+        let header = frame.header(self.peer_max_message())?;
+        let body = header.metadata_len as usize + frame.payload_len;
+        let Some(buf) = buf.into_inner::<<F::Region as Region>::Buffer>() else {
+            return Err(SendError::NoBuffer(
+                "a buffer of another fabric was lent".into(),
+            ));
+        };
+        self.lend_filled(header, frame, false, cork, buf)?;
+        crate::observe::bytes(self.side, true, HEADER_LEN + body);
+        Ok(())
     }
     fn uncork(&self) {
         Conn::uncork(self)
