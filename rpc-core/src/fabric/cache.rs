@@ -15,14 +15,18 @@
 //!
 //! Buffers above [`LARGE`] are kept one at a time: the last one given back,
 //! for the next message of its class (a message of another size frees
-//! it), and only for [`LARGE_IDLE`]. A
+//! it), and only for a while: twice as long as it was last in use, at
+//! least [`LARGE_IDLE`] and at most [`LARGE_IDLE_MAX`]. A
 //! stream or a run of calls moving messages of hundreds of megabytes then
 //! maps and registers its buffers once, not per message (registering pins
 //! and maps every page, which costs as much as moving the bytes), and a
 //! process that moved one such message gives the memory back soon after:
 //! the dispatchers trim the cache ([`Cache::trim`]) whenever they check
 //! their timers, at least once a second even when idle, and the next
-//! large message takes it or frees it.
+//! large message takes it or frees it. Where messages this size take
+//! seconds to move (a slow link, an emulated device), the next one comes
+//! seconds later too, and a fixed two seconds would free each buffer just
+//! before it was needed again.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -61,8 +65,11 @@ pub(crate) const PER_CLASS: usize = 32;
 /// of a sixteenth of the next power of two, and one buffer is kept at a
 /// time, for [`LARGE_IDLE`].
 pub(crate) const LARGE: usize = CACHED_BYTES / 4;
-/// How long the one buffer above [`LARGE`] is kept unused.
+/// How long the one buffer above [`LARGE`] is kept unused, at least (it
+/// is kept twice as long as it was last in use).
 pub(crate) const LARGE_IDLE: Duration = Duration::from_secs(2);
+/// How long the one buffer above [`LARGE`] is kept unused, at most.
+pub(crate) const LARGE_IDLE_MAX: Duration = Duration::from_secs(30);
 
 /// The size class that holds `len` bytes: a power of two, at least
 /// [`MIN_CLASS`], up to [`LARGE`]; above that, `len` rounded up to a
@@ -150,17 +157,18 @@ impl<T> Cache<T> {
         found
     }
 
-    /// Keeps `buf` (of size class `class`) for reuse if there is room;
-    /// otherwise hands it back, to be freed.
-    pub(crate) fn give(&self, class: usize, buf: T) -> Option<T> {
+    /// Keeps `buf` (of size class `class`, handed out at `taken`) for
+    /// reuse if there is room; otherwise hands it back, to be freed.
+    pub(crate) fn give(&self, class: usize, buf: T, taken: Instant) -> Option<T> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if class > LARGE {
-            // Kept in place of the one before, which goes back to be freed.
+            // Kept in place of the one before, which goes back to be freed,
+            // for twice as long as it was in use.
+            let now = Instant::now();
+            let idle = (2 * now.saturating_duration_since(taken)).clamp(LARGE_IDLE, LARGE_IDLE_MAX);
             let old = inner.large.replace((class, buf));
-            self.large_until.store(
-                self.nanos(Instant::now() + LARGE_IDLE).max(1),
-                Ordering::Relaxed,
-            );
+            self.large_until
+                .store(self.nanos(now + idle).max(1), Ordering::Relaxed);
             KEPT.fetch_add(class, Ordering::Relaxed);
             let (old_class, old) = old?;
             KEPT.fetch_sub(old_class, Ordering::Relaxed);
@@ -186,8 +194,8 @@ impl<T> Cache<T> {
         None
     }
 
-    /// Frees the buffer above [`LARGE`] if it was kept unused for
-    /// [`LARGE_IDLE`] by `now`.
+    /// Frees the buffer above [`LARGE`] if it was kept unused as long as it
+    /// is kept (see [`Cache::give`]) by `now`.
     pub(crate) fn trim(&self, now: Instant) {
         let due = |until: u64| until != 0 && self.nanos(now) >= until;
         if !due(self.large_until.load(Ordering::Relaxed)) {
@@ -248,42 +256,44 @@ mod tests {
 
     #[test]
     fn kept_buffers_come_back_and_the_bound_holds() {
+        let now = Instant::now();
         let cache = Cache::default();
         assert_eq!(cache.take(MIN_CLASS), None::<u32>);
-        assert_eq!(cache.give(MIN_CLASS, 1), None);
-        assert_eq!(cache.give(MIN_CLASS, 2), None);
+        assert_eq!(cache.give(MIN_CLASS, 1, now), None);
+        assert_eq!(cache.give(MIN_CLASS, 2, now), None);
         assert_eq!(cache.bytes(), 2 * MIN_CLASS);
         assert_eq!(cache.take(MIN_CLASS), Some(2));
         assert_eq!(cache.take(2 * MIN_CLASS), None);
         // Fill to the bound: the next is refused.
         let big = CACHED_BYTES / 4;
         for i in 0..3 {
-            assert_eq!(cache.give(big, 10 + i), None);
+            assert_eq!(cache.give(big, 10 + i, now), None);
         }
-        assert_eq!(cache.give(big, 20), Some(20));
+        assert_eq!(cache.give(big, 20, now), Some(20));
         // Per class.
         let small = Cache::default();
         for i in 0..PER_CLASS {
-            assert_eq!(small.give(MIN_CLASS, i), None);
+            assert_eq!(small.give(MIN_CLASS, i, now), None);
         }
-        assert_eq!(small.give(MIN_CLASS, 99), Some(99));
+        assert_eq!(small.give(MIN_CLASS, 99, now), Some(99));
     }
 
     #[test]
     fn one_large_buffer_is_kept_for_a_while() {
+        let now = Instant::now();
         let cache = Cache::default();
         let (a, b) = (class_of(LARGE + 1).unwrap(), class_of(4 * LARGE).unwrap());
-        assert_eq!(cache.give(a, 1), None, "kept");
+        assert_eq!(cache.give(a, 1, now), None, "kept");
         assert_eq!(cache.bytes(), a);
         assert_eq!(cache.take(a), Some(1));
         assert_eq!(cache.bytes(), 0);
         // Another size is asked for: the kept one is freed first.
-        assert_eq!(cache.give(a, 1), None);
+        assert_eq!(cache.give(a, 1, now), None);
         assert_eq!(cache.take(b), None);
         assert_eq!(cache.bytes(), 0);
         // One at a time: the newest stays, the one before goes back.
-        assert_eq!(cache.give(a, 2), None);
-        assert_eq!(cache.give(b, 3), Some(2));
+        assert_eq!(cache.give(a, 2, now), None);
+        assert_eq!(cache.give(b, 3, now), Some(2));
         assert_eq!(cache.bytes(), b);
         // Not yet idle long enough, then freed.
         cache.trim(Instant::now());
@@ -291,5 +301,24 @@ mod tests {
         cache.trim(Instant::now() + LARGE_IDLE);
         assert_eq!(cache.bytes(), 0);
         assert_eq!(cache.take(b), None);
+    }
+
+    #[test]
+    fn a_large_buffer_long_in_use_is_kept_twice_as_long() {
+        let cache = Cache::default();
+        let a = class_of(4 * LARGE).unwrap();
+        // In use for 10 s (a message that took that long to move): kept
+        // for 20 s, not the minimum.
+        let taken = Instant::now() - Duration::from_secs(10);
+        assert_eq!(cache.give(a, 1, taken), None);
+        cache.trim(Instant::now() + 3 * LARGE_IDLE);
+        assert_eq!(cache.bytes(), a, "kept past the minimum");
+        cache.trim(Instant::now() + Duration::from_secs(21));
+        assert_eq!(cache.bytes(), 0, "freed once idle twice as long");
+        // However long in use, at most LARGE_IDLE_MAX.
+        let taken = Instant::now() - Duration::from_secs(3600);
+        assert_eq!(cache.give(a, 2, taken), None);
+        cache.trim(Instant::now() + LARGE_IDLE_MAX + Duration::from_secs(1));
+        assert_eq!(cache.bytes(), 0);
     }
 }

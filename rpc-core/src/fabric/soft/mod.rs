@@ -486,6 +486,8 @@ pub struct SoftBuffer {
     len: usize,
     class: usize,
     cache: Arc<Cache<Pages>>,
+    /// When it was handed out (how long a large one is kept after).
+    taken: std::time::Instant,
 }
 
 impl std::fmt::Debug for SoftBuffer {
@@ -514,7 +516,7 @@ impl Drop for SoftBuffer {
         if let Some(pages) = self.pages.take() {
             cache::count_in_use(self.class, false);
             // Not kept: unmapped here.
-            drop(self.cache.give(self.class, pages));
+            drop(self.cache.give(self.class, pages, self.taken));
         }
     }
 }
@@ -883,6 +885,7 @@ impl Fabric for SoftFabric {
             pages: Some(pages),
             len,
             class,
+            taken: std::time::Instant::now(),
             cache,
         })
     }

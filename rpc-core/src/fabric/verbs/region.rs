@@ -26,6 +26,8 @@ pub struct VerbsBuffer {
     pub(super) len: usize,
     class: usize,
     cache: Arc<Cache<Arc<Mr>>>,
+    /// When it was handed out (how long a large one is kept after).
+    taken: std::time::Instant,
 }
 
 impl VerbsBuffer {
@@ -48,6 +50,7 @@ impl VerbsBuffer {
             mr: Some(mr),
             len,
             class,
+            taken: std::time::Instant::now(),
             cache: cache.clone(),
         })
     }
@@ -89,7 +92,7 @@ impl Drop for VerbsBuffer {
             cache::count_in_use(self.class, false);
             // Kept registered for the next large message, or deregistered
             // and unmapped here.
-            drop(self.cache.give(self.class, mr));
+            drop(self.cache.give(self.class, mr, self.taken));
         }
     }
 }
