@@ -50,10 +50,10 @@ pub(crate) trait Link: Send + Sync {
     /// A buffer of this link's fabric to encode a payload of `len` bytes
     /// into ahead of its send, if a payload that size travels by
     /// rendezvous (lent to the peer and read from there); `None` if it
-    /// travels in the ring. Checks `len` against the peer's limit before
-    /// it allocates.
-    fn lend_buffer(&self, len: usize) -> Result<Option<LendBuf>, SendError> {
-        let _ = len;
+    /// travels in the ring. Checks `len` and the `metadata_len` bytes the
+    /// frame will carry against the peer's limit before it allocates.
+    fn lend_buffer(&self, len: usize, metadata_len: usize) -> Result<Option<LendBuf>, SendError> {
+        let _ = (len, metadata_len);
         Ok(None)
     }
     /// Sends a frame whose payload is `buf` (from [`Link::lend_buffer`],
@@ -80,12 +80,16 @@ pub(crate) trait Link: Send + Sync {
 pub(crate) struct LendBuf(Box<dyn LendBytes>);
 
 /// A fabric's large-message buffer, its type erased.
-trait LendBytes: std::any::Any + Send + Sync {
+trait LendBytes: Send + Sync {
     fn bytes(&mut self) -> &mut [u8];
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send + Sync>;
 }
 
 impl<B: crate::fabric::Buffer> LendBytes for B {
     fn bytes(&mut self) -> &mut [u8] {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send + Sync> {
         self
     }
 }
@@ -103,8 +107,7 @@ impl LendBuf {
 
     /// The fabric's buffer back, if it is a `B`.
     pub(crate) fn into_inner<B: crate::fabric::Buffer>(self) -> Option<B> {
-        let any: Box<dyn std::any::Any + Send + Sync> = self.0;
-        any.downcast::<B>().ok().map(|b| *b)
+        self.0.into_any().downcast::<B>().ok().map(|b| *b)
     }
 }
 
@@ -557,7 +560,12 @@ impl Outbox {
             // Encoded now, into the buffer it will be lent in, while the
             // message before it is still being read: not in the batch and
             // again into that buffer once the window opens.
-            match self.link.lend_buffer(len) {
+            let md_len = self
+                .first_metadata
+                .as_ref()
+                .filter(|m| !m.is_empty())
+                .map_or(0, Metadata::encoded_len);
+            match self.link.lend_buffer(len, md_len) {
                 Ok(Some(mut buf)) => {
                     encode_exact(message, buf.bytes());
                     self.lent = Some((buf, len));

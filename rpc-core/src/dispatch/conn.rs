@@ -961,13 +961,18 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
         let cork = if cork { usize::MAX } else { 0 };
         self.send_with(frame, false, cork, fill).map(drop)
     }
-    fn lend_buffer(&self, len: usize) -> Result<Option<crate::streaming::LendBuf>, SendError> {
+    fn lend_buffer(
+        &self,
+        len: usize,
+        metadata_len: usize,
+    ) -> Result<Option<crate::streaming::LendBuf>, SendError> {
         if len <= self.lend_above {
             return Ok(None);
         }
-        let max = self.peer_max_message();
-        if len > max {
-            return Err(SendError::TooLarge { len, max });
+        // As `OutFrame::header` will: metadata and payload together.
+        let (body, max) = (metadata_len + len, self.peer_max_message());
+        if body > max {
+            return Err(SendError::TooLarge { len: body, max });
         }
         let buf = self
             .fabric

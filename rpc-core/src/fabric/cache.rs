@@ -63,7 +63,8 @@ pub(crate) const CACHED_BYTES: usize = 256 << 20;
 pub(crate) const PER_CLASS: usize = 32;
 /// The largest power-of-two size class; above it, classes are multiples
 /// of a sixteenth of the next power of two, and one buffer is kept at a
-/// time, for [`LARGE_IDLE`].
+/// time, for twice as long as it was in use (from [`LARGE_IDLE`] to
+/// [`LARGE_IDLE_MAX`]).
 pub(crate) const LARGE: usize = CACHED_BYTES / 4;
 /// How long the one buffer above [`LARGE`] is kept unused, at least (it
 /// is kept twice as long as it was last in use).
@@ -309,14 +310,17 @@ mod tests {
         let a = class_of(4 * LARGE).unwrap();
         // In use for 10 s (a message that took that long to move): kept
         // for 20 s, not the minimum.
-        let taken = Instant::now() - Duration::from_secs(10);
+        let ago = |secs| Instant::now().checked_sub(Duration::from_secs(secs));
+        let Some(taken) = ago(10) else {
+            return; // a clock that cannot reach back that far
+        };
         assert_eq!(cache.give(a, 1, taken), None);
         cache.trim(Instant::now() + 3 * LARGE_IDLE);
         assert_eq!(cache.bytes(), a, "kept past the minimum");
-        cache.trim(Instant::now() + Duration::from_secs(21));
+        cache.trim(Instant::now() + Duration::from_secs(25));
         assert_eq!(cache.bytes(), 0, "freed once idle twice as long");
         // However long in use, at most LARGE_IDLE_MAX.
-        let taken = Instant::now() - Duration::from_secs(3600);
+        let Some(taken) = ago(3600) else { return };
         assert_eq!(cache.give(a, 2, taken), None);
         cache.trim(Instant::now() + LARGE_IDLE_MAX + Duration::from_secs(1));
         assert_eq!(cache.bytes(), 0);
