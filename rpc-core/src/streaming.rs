@@ -27,7 +27,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 
 /// Messages a producer takes from its stream per poll before it lets
 /// others run.
@@ -47,17 +47,16 @@ pub(crate) trait Link: Send + Sync {
         cork: bool,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), SendError>;
-    /// A buffer of this link's fabric to encode a payload of `len` bytes
-    /// into ahead of its send, if a payload that size travels by
-    /// rendezvous (lent to the peer and read from there); `None` if it
-    /// travels in the ring. Checks `len` and the `metadata_len` bytes the
-    /// frame will carry against the peer's limit before it allocates.
-    fn lend_buffer(&self, len: usize, metadata_len: usize) -> Result<Option<LendBuf>, SendError> {
-        let _ = (len, metadata_len);
+    /// A buffer of this link's fabric to encode `frame`'s payload into
+    /// ahead of its send, if a payload that size travels by rendezvous
+    /// (lent to the peer and read from there); `None` if it travels in the
+    /// ring. Checks the frame against the peer's limit before it allocates.
+    fn lend_buffer(&self, frame: &OutFrame<'_>) -> Result<Option<LendBuf>, SendError> {
+        let _ = frame;
         Ok(None)
     }
-    /// Sends a frame whose payload is `buf` (from [`Link::lend_buffer`],
-    /// `frame.payload_len` bytes) by lending it, with no copy.
+    /// Sends a frame whose payload is `buf` (from [`Link::lend_buffer`]
+    /// for that frame) by lending it, with no copy.
     fn send_lent(&self, frame: &OutFrame<'_>, cork: bool, buf: LendBuf) -> Result<(), SendError> {
         let mut buf = buf;
         let bytes = buf.bytes();
@@ -81,11 +80,15 @@ pub(crate) struct LendBuf(Box<dyn LendBytes>);
 
 /// A fabric's large-message buffer, its type erased.
 trait LendBytes: Send + Sync {
+    fn len(&self) -> usize;
     fn bytes(&mut self) -> &mut [u8];
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send + Sync>;
 }
 
 impl<B: crate::fabric::Buffer> LendBytes for B {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
     fn bytes(&mut self) -> &mut [u8] {
         self
     }
@@ -98,6 +101,11 @@ impl LendBuf {
     /// Wraps a fabric's buffer.
     pub(crate) fn new<B: crate::fabric::Buffer>(buf: B) -> LendBuf {
         LendBuf(Box::new(buf))
+    }
+
+    /// Its length in bytes: the payload's.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 
     /// Its bytes, to encode into.
@@ -500,10 +508,10 @@ pub(crate) struct Outbox {
     batch: Vec<u8>,
     count: u32,
     /// A message large enough to travel by rendezvous, encoded ahead into
-    /// the buffer it will be lent in, with its length: it waits for the
-    /// window (while the one before is read), then goes with no copy.
-    /// Nothing is gathered into `batch` while it waits.
-    lent: Option<(LendBuf, usize)>,
+    /// the buffer it will be lent in: it waits for the window (while the
+    /// one before is read), then goes with no copy. Nothing is gathered
+    /// into `batch` while it waits.
+    lent: Option<LendBuf>,
 }
 
 impl Outbox {
@@ -560,15 +568,10 @@ impl Outbox {
             // Encoded now, into the buffer it will be lent in, while the
             // message before it is still being read: not in the batch and
             // again into that buffer once the window opens.
-            let md_len = self
-                .first_metadata
-                .as_ref()
-                .filter(|m| !m.is_empty())
-                .map_or(0, Metadata::encoded_len);
-            match self.link.lend_buffer(len, md_len) {
+            match self.link.lend_buffer(&self.message_frame(1, len)) {
                 Ok(Some(mut buf)) => {
                     encode_exact(message, buf.bytes());
-                    self.lent = Some((buf, len));
+                    self.lent = Some(buf);
                     return Poll::Ready(Ok(()));
                 }
                 Ok(None) => {}
@@ -589,18 +592,14 @@ impl Outbox {
     /// allows it, or the message encoded ahead to be lent. The write may
     /// stay corked until [`Outbox::flush`].
     fn poll_send_batch(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        if let Some((_, len)) = &self.lent {
-            let len = *len;
-            match self.poll_window_for(cx, len) {
-                Poll::Ready(Ok(md)) => {
-                    let (buf, _) = self.lent.take().expect("checked above");
-                    let frame = self.message_frame(1, md, len);
-                    let sent = self.link.send_lent(&frame, true, buf);
-                    self.first_metadata = None;
-                    return Poll::Ready(sent.map_err(Status::from));
-                }
-                other => return other.map(|r| r.map(drop)),
+        if let Some(len) = self.lent.as_ref().map(LendBuf::len) {
+            if let Err(status) = ready!(self.poll_window_for(cx, len)) {
+                return Poll::Ready(Err(status));
             }
+            let buf = self.lent.take().expect("checked above");
+            let sent = self.link.send_lent(&self.message_frame(1, len), true, buf);
+            self.first_metadata = None;
+            return Poll::Ready(sent.map_err(Status::from));
         }
         if self.count == 0 {
             return Poll::Ready(Ok(()));
@@ -645,40 +644,41 @@ impl Outbox {
         payload_len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Poll<Result<(), Status>> {
-        let md = match self.poll_window_for(cx, payload_len) {
-            Poll::Ready(Ok(md)) => md,
-            other => return other.map(|r| r.map(drop)),
-        };
-        let frame = self.message_frame(count, md, payload_len);
+        if let Err(status) = ready!(self.poll_window_for(cx, payload_len)) {
+            return Poll::Ready(Err(status));
+        }
+        let frame = self.message_frame(count, payload_len);
         let sent = self.link.send(&frame, true, fill);
         self.first_metadata = None;
         Poll::Ready(sent.map_err(Status::from))
     }
 
     /// Waits for the window to allow a frame of `payload_len` bytes and the
-    /// metadata it carries; then whether it carries any.
+    /// metadata it carries.
     fn poll_window_for(
-        &mut self,
+        &self,
         cx: &mut Context<'_>,
         payload_len: usize,
-    ) -> Poll<Result<bool, Status>> {
-        let md = self.first_metadata.as_ref().filter(|m| !m.is_empty());
-        let md_len = md.map_or(0, Metadata::encoded_len);
-        self.core
-            .poll_window(cx, md_len + payload_len)
-            .map(|r| r.map(|()| md.is_some()))
+    ) -> Poll<Result<(), Status>> {
+        let md_len = self.first_md().map_or(0, Metadata::encoded_len);
+        self.core.poll_window(cx, md_len + payload_len)
     }
 
-    /// The `Message` frame of `count` messages in `payload_len` bytes, with
-    /// the first metadata if `with_md`.
-    fn message_frame(&self, count: u32, with_md: bool, payload_len: usize) -> OutFrame<'_> {
+    /// The metadata the next frame carries: the first metadata, until a
+    /// frame carried it (none if empty).
+    fn first_md(&self) -> Option<&Metadata> {
+        self.first_metadata.as_ref().filter(|m| !m.is_empty())
+    }
+
+    /// The next `Message` frame: `count` messages in `payload_len` bytes.
+    fn message_frame(&self, count: u32, payload_len: usize) -> OutFrame<'_> {
         OutFrame {
             kind: FrameKind::Message,
             call_id: self.call_id,
             method_id: self.method_id,
             status: 0,
             timeout_us: count,
-            metadata: self.first_metadata.as_ref().filter(|_| with_md),
+            metadata: self.first_md(),
             payload_len,
         }
     }

@@ -359,21 +359,38 @@ impl<F: Fabric> Conn<F> {
         cork: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, SendError> {
+        self.send_framed(frame, |header| {
+            if self.lends(frame) {
+                self.send_lent(header, frame, fail_fast, cork, fill)
+            } else {
+                self.stage(header, frame, fail_fast, cork, fill)
+            }
+        })
+    }
+
+    /// Checks `frame` against the peer's limit, sends it with `send`
+    /// given its header, and counts its bytes if it went.
+    fn send_framed(
+        &self,
+        frame: &OutFrame<'_>,
+        send: impl FnOnce(Header) -> Result<bool, SendError>,
+    ) -> Result<bool, SendError> {
         let header = frame.header(self.peer_max_message())?;
         let body = header.metadata_len as usize + frame.payload_len;
-        let lends = matches!(
-            frame.kind,
-            FrameKind::Request | FrameKind::Response | FrameKind::Message
-        );
-        let sent = if lends && frame.payload_len > self.lend_above {
-            self.send_lent(header, frame, fail_fast, cork, fill)
-        } else {
-            self.stage(header, frame, fail_fast, cork, fill)
-        };
+        let sent = send(header);
         if sent.is_ok() {
             crate::observe::bytes(self.side, true, HEADER_LEN + body);
         }
         sent
+    }
+
+    /// Whether `frame`'s payload travels by rendezvous.
+    fn lends(&self, frame: &OutFrame<'_>) -> bool {
+        let kind = matches!(
+            frame.kind,
+            FrameKind::Request | FrameKind::Response | FrameKind::Message
+        );
+        kind && frame.payload_len > self.lend_above
     }
 
     /// Sends a large message by rendezvous: its payload is encoded into a
@@ -963,20 +980,16 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
     }
     fn lend_buffer(
         &self,
-        len: usize,
-        metadata_len: usize,
+        frame: &OutFrame<'_>,
     ) -> Result<Option<crate::streaming::LendBuf>, SendError> {
-        if len <= self.lend_above {
+        if !self.lends(frame) {
             return Ok(None);
         }
-        // As `OutFrame::header` will: metadata and payload together.
-        let (body, max) = (metadata_len + len, self.peer_max_message());
-        if body > max {
-            return Err(SendError::TooLarge { len: body, max });
-        }
+        // The checks of the send, before anything is allocated.
+        frame.header(self.peer_max_message())?;
         let buf = self
             .fabric
-            .buffer(len)
+            .buffer(frame.payload_len)
             .map_err(|e| SendError::NoBuffer(e.to_string()))?;
         Ok(Some(crate::streaming::LendBuf::new(buf)))
     }
@@ -987,16 +1000,15 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
         buf: crate::streaming::LendBuf,
     ) -> Result<(), SendError> {
         let cork = if cork { usize::MAX } else { 0 };
-        let header = frame.header(self.peer_max_message())?;
-        let body = header.metadata_len as usize + frame.payload_len;
         let Some(buf) = buf.into_inner::<<F::Region as Region>::Buffer>() else {
             return Err(SendError::NoBuffer(
                 "a buffer of another fabric was lent".into(),
             ));
         };
-        self.lend_filled(header, frame, false, cork, buf)?;
-        crate::observe::bytes(self.side, true, HEADER_LEN + body);
-        Ok(())
+        self.send_framed(frame, |header| {
+            self.lend_filled(header, frame, false, cork, buf)
+        })
+        .map(drop)
     }
     fn uncork(&self) {
         Conn::uncork(self)
