@@ -2149,53 +2149,35 @@ impl<T> UnaryCall<T> {
     fn failed(status: Status) -> UnaryCall<T> {
         let slot = CallSlot::new();
         let _ = slot.complete(Err(status));
-        UnaryCall {
-            slot: Some(Arc::new(slot)),
-            id: CallId(0),
-            canceller: None,
-            pending: None,
-            obs: None,
-            started: None,
-            misses: 0,
-            corked: false,
-            turns_seen: 0,
-            found_seen: 0,
-            spin_from: None,
-            yielded: false,
-            parked: None,
-            _t: PhantomData,
-        }
+        UnaryCall::new(Some(Arc::new(slot)), CallId(0), None, None, None, false)
     }
 
     fn started(conn: Arc<Connection>, sent: Sent) -> UnaryCall<T> {
-        UnaryCall {
-            slot: Some(sent.slot),
-            id: sent.id,
-            canceller: Some(conn),
-            pending: None,
-            obs: None,
-            started: sent.at,
-            misses: 0,
-            corked: true,
-            turns_seen: 0,
-            found_seen: 0,
-            spin_from: None,
-            yielded: false,
-            parked: None,
-            _t: PhantomData,
-        }
+        UnaryCall::new(Some(sent.slot), sent.id, Some(conn), None, sent.at, true)
     }
 
     fn waiting(pending: Pending) -> UnaryCall<T> {
+        UnaryCall::new(None, CallId(0), None, Some(Box::new(pending)), None, true)
+    }
+
+    /// A call in the given state, not yet polled.
+    fn new(
+        slot: Option<Arc<CallSlot>>,
+        id: CallId,
+        canceller: Option<Arc<Connection>>,
+        pending: Option<Box<Pending>>,
+        started: Option<Instant>,
+        corked: bool,
+    ) -> UnaryCall<T> {
         UnaryCall {
-            slot: None,
-            id: CallId(0),
-            canceller: None,
-            pending: Some(Box::new(pending)),
+            slot,
+            id,
+            canceller,
+            pending,
             obs: None,
-            started: None,
+            started,
             misses: 0,
-            corked: true,
+            corked,
             turns_seen: 0,
             found_seen: 0,
             spin_from: None,
