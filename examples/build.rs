@@ -54,7 +54,8 @@ fn main() -> io::Result<()> {
     std::fs::create_dir_all(&out)?;
     rpc_codegen::configure()
         .out_dir(&out)
-        .bytes(["."])
+        .vec_bytes(["."])
+        .bytes([".acme.options.Blob.data"])
         .btree_map([".acme.options.Blob.labels"])
         .type_attribute(".acme.options.Key", "#[derive(PartialOrd, Ord)]")
         .field_attribute(

@@ -41,12 +41,12 @@ pub fn check(got: &[u8], size: usize, seq: u64) -> Result<(), String> {
 
 /// What a call came to, for the tally: its echo checked, or its error.
 pub fn outcome(
-    reply: Result<Vec<u8>, impl std::fmt::Display>,
+    reply: Result<impl AsRef<[u8]>, impl std::fmt::Display>,
     size: usize,
     seq: u64,
 ) -> Result<(), String> {
     match reply {
-        Ok(payload) => check(&payload, size, seq),
+        Ok(payload) => check(payload.as_ref(), size, seq),
         Err(e) => Err(format!("call {seq}: {e}")),
     }
 }

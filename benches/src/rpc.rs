@@ -258,7 +258,7 @@ pub fn drive(
         let start = Instant::now();
         for seq in first..end {
             let request = EchoRequest {
-                payload: payload::make(size, seq),
+                payload: payload::make(size, seq).into(),
             };
             let client = &clients[(seq as usize) % clients.len()];
             let t = Instant::now();
@@ -280,7 +280,7 @@ pub fn drive(
                 }
                 next.set(seq + 1);
                 let request = EchoRequest {
-                    payload: payload::make(size, seq),
+                    payload: payload::make(size, seq).into(),
                 };
                 let start = Instant::now();
                 let reply = client.echo(request).await;

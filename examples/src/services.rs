@@ -7,7 +7,7 @@ use crate::kv::{
     ScanRequest, kv_server::Kv,
 };
 use rpc_core::codegen::Stream;
-use rpc_core::{Request, Response, Status};
+use rpc_core::{Bytes, Request, Response, Status};
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::RwLock;
@@ -23,7 +23,7 @@ pub const MAX_STREAM_REPLY: u32 = 1 << 30;
 /// An in-memory, ordered key-value store.
 #[derive(Debug, Default)]
 pub struct KvStore {
-    map: RwLock<BTreeMap<String, Vec<u8>>>,
+    map: RwLock<BTreeMap<String, Bytes>>,
 }
 
 impl KvStore {
@@ -60,6 +60,12 @@ impl Kv for KvStore {
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutReply>, Status> {
         let PutRequest { key, value } = request.into_inner();
         check_key(&key)?;
+        // Kept in a buffer of its own: `Vec::from` takes over the
+        // allocation of a small value (copied out of the receive ring) and
+        // copies a large one, which shares the buffer it was read into by
+        // rendezvous (rounded up to a size class, and registered memory
+        // on rdma://) for as long as it is kept.
+        let value = Bytes::from(Vec::from(value));
         let replaced = self
             .map
             .write()
@@ -150,8 +156,8 @@ impl Echo for EchoService {
 /// The payloads of an echo `Stream` call, in order: `count` of `size`
 /// bytes, each a copy of one zeroed template with its index written over
 /// the first (up to) eight bytes. A copy costs an allocation and a
-/// `memcpy` of `size` bytes per message (`EchoReply` owns its `Vec<u8>`),
-/// which is what any producer of fresh messages pays.
+/// `memcpy` of `size` bytes per message, which is what any producer of
+/// fresh messages pays.
 #[derive(Debug, Clone)]
 pub struct StreamPayloads {
     template: Vec<u8>,
@@ -213,7 +219,11 @@ impl Stream for Replies {
     type Item = Result<EchoReply, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Poll::Ready(self.0.next().map(|payload| Ok(EchoReply { payload })))
+        Poll::Ready(self.0.next().map(|payload| {
+            Ok(EchoReply {
+                payload: payload.into(),
+            })
+        }))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

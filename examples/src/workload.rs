@@ -6,7 +6,7 @@
 
 use crate::kv::{GetRequest, PutRequest, kv_client::KvClient};
 use hdrhistogram::Histogram;
-use rpc_core::{Code, Status};
+use rpc_core::{Bytes, Code, Status};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -63,10 +63,10 @@ struct Worker {
 
 /// The value the workload stores under `key`: derived from it, so any get
 /// can be checked without shared state.
-pub fn value_for(key: &str) -> Vec<u8> {
+pub fn value_for(key: &str) -> Bytes {
     let mut v = format!("value-of-{key}-").into_bytes();
     v.resize(64, b'.');
-    v
+    v.into()
 }
 
 /// Runs `calls` calls over `concurrency` threads sharing `client`'s

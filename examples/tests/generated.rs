@@ -98,15 +98,15 @@ fn full_object() -> Object {
         chunks: vec![
             object::Chunk {
                 offset: 0,
-                data: b"a,b\n".to_vec(),
+                data: rpc_core::Bytes::from_static(b"a,b\n"),
                 checksum: Some(chunk::Checksum {
                     algorithm: "crc32c".into(),
-                    digest: vec![1, 2, 3, 4],
+                    digest: vec![1, 2, 3, 4].into(),
                 }),
             },
             object::Chunk {
                 offset: 4,
-                data: b"1,2\n".to_vec(),
+                data: rpc_core::Bytes::from_static(b"1,2\n"),
                 checksum: None,
             },
         ],
@@ -156,7 +156,7 @@ fn full_object() -> Object {
         }),
         location: Some(object::Location::Inline(object::Chunk {
             offset: 0,
-            data: b"inline".to_vec(),
+            data: rpc_core::Bytes::from_static(b"inline"),
             checksum: None,
         })),
         r#type: "text/csv".into(),
@@ -248,7 +248,7 @@ fn client_methods_have_typed_signatures() {
 /// A `kv.Kv` implementation, called directly through the trait.
 #[derive(Default)]
 struct MemoryKv {
-    entries: Mutex<BTreeMap<String, Vec<u8>>>,
+    entries: Mutex<BTreeMap<String, rpc_core::Bytes>>,
 }
 
 impl kv::kv_server::Kv for MemoryKv {
@@ -300,7 +300,7 @@ fn server_trait_is_implementable_and_wrappable() {
     let put = |key: &str| {
         futures::executor::block_on(store.put(Request::new(kv::PutRequest {
             key: key.into(),
-            value: b"v".to_vec(),
+            value: rpc_core::Bytes::from_static(b"v"),
         })))
         .unwrap()
         .into_inner()

@@ -375,13 +375,15 @@ fn examples_echo_client(
                 .await
                 .map_err(|e| tonic::Status::unknown(e.to_string()))?;
             let path = tonic::codegen::http::uri::PathAndQuery::from_static("/echo.Echo/Echo");
-            let request = request.map(|payload| examples::echo::EchoRequest { payload });
+            let request = request.map(|payload| examples::echo::EchoRequest {
+                payload: payload.into(),
+            });
             let codec = tonic_prost::ProstCodec::<
                 examples::echo::EchoRequest,
                 examples::echo::EchoReply,
             >::default();
             let reply = grpc.unary(request, path, codec).await?;
-            Ok(reply.map(|r| r.payload))
+            Ok(reply.map(|r| r.payload.to_vec()))
         })
     }
 }
@@ -478,14 +480,14 @@ fn a_grpc_url_calls_a_plain_tonic_server() {
         let kv = examples::kv::kv_client::KvClient::connect(&format!("grpc://{addr}")).unwrap();
         let mut put = rpc_core::Request::new(PutRequest {
             key: "alpha".into(),
-            value: b"one".to_vec(),
+            value: rpc_core::Bytes::from_static(b"one"),
         });
         put.metadata_mut().insert("tenant", "blue").unwrap();
         let reply = kv.put(put).wait().unwrap();
         assert_eq!(reply.metadata().get("tenant-seen"), Some("blue"));
         kv.put(PutRequest {
             key: "beta".into(),
-            value: b"two".to_vec(),
+            value: rpc_core::Bytes::from_static(b"two"),
         })
         .wait()
         .unwrap();
@@ -581,7 +583,9 @@ fn a_grpc_url_carries_trailers_and_the_caller() {
         let echo =
             examples::echo::echo_client::EchoClient::connect(&format!("grpc://{addr}")).unwrap();
         let request = |payload: Vec<u8>, key: &str, value: &str| {
-            let mut request = rpc_core::Request::new(examples::echo::EchoRequest { payload });
+            let mut request = rpc_core::Request::new(examples::echo::EchoRequest {
+                payload: payload.into(),
+            });
             request.metadata_mut().insert(key, value).unwrap();
             request
         };
@@ -634,8 +638,9 @@ fn the_grpc_face_and_grpc_urls_speak_mutual_tls() {
         );
         let url = format!("grpc://{}", server.grpc_addr().unwrap());
         let who = |channel: rpc_core::Channel| {
-            let mut request =
-                rpc_core::Request::new(examples::echo::EchoRequest { payload: vec![] });
+            let mut request = rpc_core::Request::new(examples::echo::EchoRequest {
+                payload: rpc_core::Bytes::new(),
+            });
             request.metadata_mut().insert("who", "1").unwrap();
             examples::echo::echo_client::EchoClient::new(channel)
                 .echo(request)

@@ -152,7 +152,7 @@ impl Steered {
 /// A call of `echo` with `payload` and metadata `md`.
 fn call(client: &EchoClient, payload: &[u8], md: &[(&str, &str)]) -> UnaryCall<EchoReply> {
     let mut request = Request::new(EchoRequest {
-        payload: payload.to_vec(),
+        payload: payload.to_vec().into(),
     });
     for (k, v) in md {
         request.metadata_mut().insert(k, *v).unwrap();
@@ -173,7 +173,7 @@ fn others_are_served(client: &EchoClient, n: u32) {
     for i in 0..n {
         let payload = i.to_le_bytes();
         let reply = call(client, &payload, &[]).wait().unwrap();
-        assert_eq!(reply.get_ref().payload, payload);
+        assert_eq!(reply.get_ref().payload, payload[..]);
     }
 }
 
@@ -236,11 +236,11 @@ on_every_fabric! {
         others_are_served(&client, 20);
         // A tokio task answers a handler over a tokio channel.
         let reply = call(&client, b"task", &[("tokio-task", "")]).wait().unwrap();
-        assert_eq!(reply.get_ref().payload, b"task");
+        assert_eq!(reply.get_ref().payload, &b"task"[..]);
         assert_ne!(reply.metadata().get("ran"), reply.metadata().get("entered"));
         assert!(!is_done(&mut asleep), "the 3 s sleep ended early");
         let reply = asleep.wait().unwrap();
-        assert_eq!(reply.get_ref().payload, b"asleep");
+        assert_eq!(reply.get_ref().payload, &b"asleep"[..]);
         server.shutdown();
 
         // Given a handle instead, from outside the runtime.
@@ -254,7 +254,7 @@ on_every_fabric! {
         let reply = call(&client, b"t", &[("tokio-sleep-ms", "20"), ("tokio-task", "")])
             .wait()
             .unwrap();
-        assert_eq!(reply.get_ref().payload, b"t");
+        assert_eq!(reply.get_ref().payload, &b"t"[..]);
         server.shutdown();
     }
 }
@@ -293,18 +293,22 @@ fn blocked_handler_holds_up_nobody(url: &str, server: &rpc_core::ServerHandle, s
         let key = format!("k{i}");
         kv.put(Request::new(PutRequest {
             key: key.clone(),
-            value: vec![i as u8],
+            value: vec![i as u8].into(),
         }))
         .wait()
         .unwrap();
         let got = kv.get(Request::new(GetRequest { key })).wait().unwrap();
-        assert_eq!(got.get_ref().value, Some(vec![i as u8]), "{url}");
+        assert_eq!(
+            got.get_ref().value,
+            Some(rpc_core::Bytes::from(vec![i as u8])),
+            "{url}"
+        );
     }
     assert!(!blocked.iter_mut().any(is_done));
     service.thread_gates.open("open");
     for c in blocked {
         let reply = c.wait().unwrap();
-        assert_eq!(reply.get_ref().payload, b"blocked");
+        assert_eq!(reply.get_ref().payload, &b"blocked"[..]);
         let entered = reply.metadata().get("entered").unwrap_or_default();
         assert!(
             entered.starts_with("rpc-blocking"),
@@ -364,7 +368,7 @@ on_every_fabric! {
         service.thread_gates.open("go");
         for c in offloaded {
             let reply = c.wait().unwrap();
-            assert_eq!(reply.get_ref().payload, b"offloaded");
+            assert_eq!(reply.get_ref().payload, &b"offloaded"[..]);
             // Started on the dispatcher, the blocking part ran on the pool.
             assert_eq!(reply.metadata().get("entered"), Some("rpc-dispatch-0"));
             let ran = reply.metadata().get("ran").unwrap_or_default();

@@ -74,7 +74,7 @@ fn idle_cpu_within(url: &str, limit: u64) {
     for _ in 0..100 {
         let reply = client
             .echo(Request::new(EchoRequest {
-                payload: vec![1; 64],
+                payload: vec![1; 64].into(),
             }))
             .wait()
             .unwrap();
@@ -117,7 +117,7 @@ struct SlowEcho;
 impl Echo for SlowEcho {
     async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         let payload = request.into_inner().payload;
-        if payload == b"slow" {
+        if payload == b"slow"[..] {
             rpc_core::blocking(|| std::thread::sleep(Duration::from_millis(400))).await;
         }
         Ok(Response::new(EchoReply { payload }))
@@ -163,7 +163,7 @@ fn awaiting_thread_sleeps_through_others_traffic(url: &str) {
                 while !stop.load(Ordering::Relaxed) {
                     let reply = client
                         .echo(Request::new(EchoRequest {
-                            payload: vec![7; 64],
+                            payload: vec![7; 64].into(),
                         }))
                         .await
                         .unwrap();
@@ -181,14 +181,14 @@ fn awaiting_thread_sleeps_through_others_traffic(url: &str) {
     let waiter = std::thread::spawn(move || {
         let before = thread_cpu();
         let reply = futures::executor::block_on(client.echo(Request::new(EchoRequest {
-            payload: b"slow".to_vec(),
+            payload: b"slow".to_vec().into(),
         })));
         (thread_cpu() - before, reply)
     });
     let (used, reply) = waiter.join().unwrap();
     stop.store(true, Ordering::Relaxed);
     let calls = busy.join().unwrap();
-    assert_eq!(reply.unwrap().get_ref().payload, b"slow");
+    assert_eq!(reply.unwrap().get_ref().payload, &b"slow"[..]);
     assert!(
         calls > 100,
         "{url}: the busy thread made only {calls} calls"

@@ -41,7 +41,7 @@ fn add_token(call: &mut CallInfo<'_>) -> Result<(), Status> {
     Ok(())
 }
 
-fn stream_of(echo: &EchoClient, count: u64) -> Result<Vec<Vec<u8>>, Status> {
+fn stream_of(echo: &EchoClient, count: u64) -> Result<Vec<rpc_core::Bytes>, Status> {
     let mut stream = echo.stream(StreamRequest { count, size: 8 });
     futures::executor::block_on(async {
         let mut got = Vec::new();
@@ -128,7 +128,9 @@ fn client_interceptors_run_in_order_and_may_reject_before_sending() {
         // Rejected on the client: the server never saw it.
         assert_eq!(probe.seen().entered, vec!["fine".to_owned()]);
         // Awaited calls and streams pass through them too.
-        let mut request = Request::new(examples::echo::EchoRequest { payload: vec![5] });
+        let mut request = Request::new(examples::echo::EchoRequest {
+            payload: vec![5].into(),
+        });
         request.metadata_mut().insert("tag", "async").unwrap();
         let reply = futures::executor::block_on(echo.echo(request)).unwrap();
         assert_eq!(reply.metadata().get("step"), Some("2"));

@@ -191,7 +191,7 @@ impl Raw {
     fn echo(&mut self, payload: &[u8]) {
         let call_id = self.call_id();
         let request = EchoRequest {
-            payload: payload.to_vec(),
+            payload: payload.to_vec().into(),
         }
         .encode_to_vec();
         self.send_at_head(
@@ -248,7 +248,7 @@ fn request_frame(method_id: u32, call_id: CallId, metadata: &[u8], payload: &[u8
 /// A request frame for the echo method, to be spoiled by a test.
 fn echo_frame(raw: &mut Raw) -> Vec<u8> {
     let payload = EchoRequest {
-        payload: b"spoiled".to_vec(),
+        payload: rpc_core::Bytes::from_static(b"spoiled"),
     }
     .encode_to_vec();
     request_frame(ECHO.methods[0].id, raw.call_id(), &[], &payload)
@@ -279,7 +279,7 @@ fn check(good: &EchoClient) {
     let reply = good
         .echo(echo_request("good", b"fine".to_vec(), &[]))
         .wait();
-    assert_eq!(reply.unwrap().into_inner().payload, b"fine");
+    assert_eq!(reply.unwrap().into_inner().payload, &b"fine"[..]);
 }
 
 /// Sends what `spoil` posts on a fresh raw connection, then checks that the

@@ -25,7 +25,7 @@ fn round(url: &str, n: usize) {
         })
         .collect();
     for (i, c) in clients.iter().enumerate() {
-        let payload = vec![i as u8; 4096];
+        let payload = rpc_core::Bytes::from(vec![i as u8; 4096]);
         let reply = c
             .echo(Request::new(EchoRequest {
                 payload: payload.clone(),

@@ -90,7 +90,7 @@ on_network_fabrics! {
             .unwrap()
             .into_inner();
         assert_eq!(scan.entries.len(), 1);
-        assert_eq!(scan.entries[0].value, b"z");
+        assert_eq!(scan.entries[0].value, &b"z"[..]);
     }
 }
 
@@ -98,7 +98,7 @@ on_network_fabrics! {
     fn killed_server_fails_pending_and_later_calls(url: &str) {
         let mut server = ServerProc::kv(url);
         let kv = KvClient::new(channel(&server.url));
-        let put = |key: String| kv.put(PutRequest { key, value: b"v".to_vec() });
+        let put = |key: String| kv.put(PutRequest { key, value: b"v".to_vec().into() });
         put("before".into()).wait().unwrap();
 
         // Clients hammering the server when it dies.
@@ -109,7 +109,7 @@ on_network_fabrics! {
                 let tx = tx.clone();
                 std::thread::spawn(move || {
                     for i in 0.. {
-                        let request = PutRequest { key: format!("w{w}-{i}"), value: vec![1; 100] };
+                        let request = PutRequest { key: format!("w{w}-{i}"), value: vec![1; 100].into() };
                         if let Err(e) = kv.put(request).wait() {
                             tx.send(e).unwrap();
                             return;
@@ -242,7 +242,7 @@ on_network_fabrics! {
         );
         let u = server.local_url().to_owned();
         let other = KvClient::new(channel(&u));
-        other.put(PutRequest { key: "mine".into(), value: b"safe".to_vec() }).wait().unwrap();
+        other.put(PutRequest { key: "mine".into(), value: b"safe".to_vec().into() }).wait().unwrap();
 
         let mut bench = Proc::spawn(
             Command::new(env!("CARGO_BIN_EXE_kv-client"))
@@ -275,14 +275,14 @@ on_network_fabrics! {
         // The server still answers correctly, old clients and new.
         let got = other.get(GetRequest { key: "mine".into() }).wait().unwrap();
         assert_eq!(got.into_inner().value.as_deref(), Some(&b"safe"[..]));
-        newcomer.put(PutRequest { key: "new".into(), value: b"n".to_vec() }).wait().unwrap();
+        newcomer.put(PutRequest { key: "new".into(), value: b"n".to_vec().into() }).wait().unwrap();
         let scan = other
             .scan(ScanRequest { prefix: "new".into(), limit: 0 })
             .wait()
             .unwrap()
             .into_inner();
         assert_eq!(scan.entries.len(), 1);
-        assert_eq!(scan.entries[0].value, b"n");
+        assert_eq!(scan.entries[0].value, &b"n"[..]);
         // The bench's values are intact.
         let value = newcomer.get(GetRequest { key: "key-0".into() }).wait().unwrap().into_inner().value;
         assert_eq!(value, Some(workload::value_for("key-0")));
@@ -294,7 +294,7 @@ on_network_fabrics! {
     fn stopped_server_calls_time_out_then_recover(url: &str) {
         let server = ServerProc::kv(url);
         let kv = KvClient::new(channel(&server.url));
-        kv.put(PutRequest { key: "k".into(), value: b"v".to_vec() }).wait().unwrap();
+        kv.put(PutRequest { key: "k".into(), value: b"v".to_vec().into() }).wait().unwrap();
         // A server that is alive but not answering: calls hit their deadlines,
         // even with far more bytes outstanding than the ring and the TCP
         // buffers hold.
@@ -306,7 +306,7 @@ on_network_fabrics! {
                 .map(|i| {
                     let mut request = rpc_core::Request::new(PutRequest {
                         key: format!("big-{i}"),
-                        value: vec![i as u8; 128 * 1024],
+                        value: vec![i as u8; 128 * 1024].into(),
                     });
                     request.set_timeout(Duration::from_millis(300));
                     kv2.put(request)
@@ -328,7 +328,7 @@ on_network_fabrics! {
     fn kv_server_shuts_down_gracefully_on_sigterm(url: &str) {
         let mut server = ServerProc::kv(url);
         let kv = KvClient::new(channel(&server.url));
-        kv.put(PutRequest { key: "k".into(), value: b"v".to_vec() }).wait().unwrap();
+        kv.put(PutRequest { key: "k".into(), value: b"v".to_vec().into() }).wait().unwrap();
         server.proc.signal("TERM");
         let status = server.proc.wait();
         let stderr = server.proc.all_stderr();

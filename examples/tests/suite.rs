@@ -14,13 +14,13 @@ use examples::kv::kv_server::KvServer;
 use examples::kv::{DeleteRequest, Entry, GetRequest, PutRequest, ScanRequest};
 use examples::services::{EchoService, KvStore, MAX_STREAM_REPLY, StreamPayloads};
 use rpc_core::testing::protocol::{ALIGN, HEADER_LEN};
-use rpc_core::{Channel, Code, Request, Response, Server, Status};
+use rpc_core::{Bytes, Channel, Code, Request, Response, Server, Status};
 use std::time::{Duration, Instant};
 
 fn put(kv: &KvClient, key: &str, value: &[u8]) -> bool {
     kv.put(PutRequest {
         key: key.into(),
-        value: value.into(),
+        value: Bytes::copy_from_slice(value),
     })
     .wait()
     .unwrap_or_else(|e| panic!("put {key}: {e}"))
@@ -28,7 +28,7 @@ fn put(kv: &KvClient, key: &str, value: &[u8]) -> bool {
     .replaced
 }
 
-fn get(kv: &KvClient, key: &str) -> Option<Vec<u8>> {
+fn get(kv: &KvClient, key: &str) -> Option<Bytes> {
     kv.get(GetRequest { key: key.into() })
         .wait()
         .unwrap_or_else(|e| panic!("get {key}: {e}"))
@@ -45,7 +45,7 @@ fn delete(kv: &KvClient, key: &str) -> bool {
 }
 
 /// Keys and whether more matched.
-fn scan(kv: &KvClient, prefix: &str, limit: u32) -> (Vec<(String, Vec<u8>)>, bool) {
+fn scan(kv: &KvClient, prefix: &str, limit: u32) -> (Vec<(String, Bytes)>, bool) {
     let reply = kv
         .scan(ScanRequest {
             prefix: prefix.into(),
@@ -62,14 +62,14 @@ fn scan(kv: &KvClient, prefix: &str, limit: u32) -> (Vec<(String, Vec<u8>)>, boo
     (entries, reply.truncated)
 }
 
-fn keys(entries: &[(String, Vec<u8>)]) -> Vec<&str> {
+fn keys(entries: &[(String, Bytes)]) -> Vec<&str> {
     entries.iter().map(|(k, _)| k.as_str()).collect()
 }
 
 /// Echoes `payload` with `metadata` and checks that both come back unchanged.
 fn check_echo(echo: &EchoClient, payload: Vec<u8>, metadata: &[(&str, &[u8])]) {
     let mut request = Request::new(EchoRequest {
-        payload: payload.clone(),
+        payload: payload.clone().into(),
     });
     for (k, v) in metadata {
         request.metadata_mut().insert_bin(k, v.to_vec()).unwrap();
@@ -102,7 +102,7 @@ on_every_fabric! {
 
         // Stream: `count` replies of `size` bytes, each its index, then zeros.
         for (count, size) in [(0, 10), (5, 0), (3, 3), (100, 1000)] {
-            let replies: Vec<Vec<u8>> = echo
+            let replies: Vec<Bytes> = echo
                 .stream(StreamRequest { count, size })
                 .into_iter()
                 .map(|r| r.unwrap_or_else(|e| panic!("stream of {count}: {e}")).payload)
@@ -129,11 +129,11 @@ on_every_fabric! {
         assert_eq!(get(&kv, "missing"), None);
         // An empty value is a value, not an absence.
         assert!(!put(&kv, "empty", b""));
-        assert_eq!(get(&kv, "empty"), Some(Vec::new()));
+        assert_eq!(get(&kv, "empty"), Some(Bytes::new()));
         // Binary values survive.
         let blob = pattern(5000, 2);
         put(&kv, "blob", &blob);
-        assert_eq!(get(&kv, "blob"), Some(blob));
+        assert_eq!(get(&kv, "blob"), Some(Bytes::from(blob)));
         // Delete reports whether the key existed.
         assert!(delete(&kv, "alpha"));
         assert!(!delete(&kv, "alpha"));
@@ -144,7 +144,7 @@ on_every_fabric! {
         let e = expect_code(kv.get(GetRequest { key: String::new() }).wait(), Code::InvalidArgument);
         assert!(e.message().contains("empty"), "{e}");
         expect_code(
-            kv.put(PutRequest { key: "k".repeat(4097), value: vec![] }).wait(),
+            kv.put(PutRequest { key: "k".repeat(4097), value: Bytes::new() }).wait(),
             Code::InvalidArgument,
         );
 
@@ -334,7 +334,7 @@ on_every_fabric! {
         }
         // One byte more is refused before it is sent.
         let e = expect_code(
-            echo.echo(EchoRequest { payload: payload(largest + 1) }).wait(),
+            echo.echo(EchoRequest { payload: payload(largest + 1).into() }).wait(),
             Code::ResourceExhausted,
         );
         assert!(e.message().contains(&MAX_BODY.to_string()), "{e}");
@@ -343,7 +343,7 @@ on_every_fabric! {
         let md_len = metadata_len(&[("key", "value"), ("bin", &"x".repeat(100))]);
         let largest = largest_payload(MAX_BODY, md_len);
         check_echo(&echo, payload(largest), md);
-        let mut request = Request::new(EchoRequest { payload: payload(largest + 1) });
+        let mut request = Request::new(EchoRequest { payload: payload(largest + 1).into() });
         for (k, v) in md {
             request.metadata_mut().insert_bin(k, v.to_vec()).unwrap();
         }
@@ -370,7 +370,7 @@ on_every_fabric! {
         let largest = largest_payload(1000, 0);
         check_echo(&echo, payload(largest), &[]);
         expect_code(
-            echo.echo(EchoRequest { payload: payload(largest + 1) }).wait(),
+            echo.echo(EchoRequest { payload: payload(largest + 1).into() }).wait(),
             Code::ResourceExhausted,
         );
         server.shutdown();
@@ -409,7 +409,7 @@ on_every_fabric! {
             Code::ResourceExhausted,
         );
         let reply = echo.echo(echo_request("after", b"ok".to_vec(), &[])).wait().unwrap();
-        assert_eq!(reply.into_inner().payload, b"ok");
+        assert_eq!(reply.into_inner().payload, &b"ok"[..]);
         server.shutdown();
     }
 }
@@ -610,7 +610,7 @@ on_every_fabric! {
         assert_eq!(probe.seen().entered, ["blocker"]);
 
         probe.open_gate("");
-        assert_eq!(first.wait().unwrap().into_inner().payload, b"first");
+        assert_eq!(first.wait().unwrap().into_inner().payload, &b"first"[..]);
         for (tag, payload, call) in calls {
             check_reply(&tag, &payload, call.wait());
         }
@@ -627,7 +627,7 @@ on_every_fabric! {
         // With room again, fail-fast calls go through.
         let mut request = echo_request("fast", b"x".to_vec(), &[]);
         request.set_fail_fast(true);
-        assert_eq!(echo.echo(request).wait().unwrap().into_inner().payload, b"x");
+        assert_eq!(echo.echo(request).wait().unwrap().into_inner().payload, &b"x"[..]);
         server.shutdown();
     }
 }
@@ -669,7 +669,7 @@ on_every_fabric! {
         probe.open_gate("");
         let reply = echo.echo(echo_request("next", b"on time".to_vec(), &[])).wait().unwrap();
         assert_eq!(reply.metadata().get("tag"), Some("next"));
-        assert_eq!(reply.into_inner().payload, b"on time");
+        assert_eq!(reply.into_inner().payload, &b"on time"[..]);
         assert_eq!(ch.stale_responses(), 0, "a cancelled call was answered");
         assert_eq!(probe.seen().entered, ["slow", "next"], "an expired call was run");
 
@@ -691,7 +691,7 @@ on_every_fabric! {
         let started = Instant::now();
         let reply = short.echo(request).wait().unwrap();
         assert!(started.elapsed() > Duration::from_millis(150));
-        assert_eq!(reply.into_inner().payload, b"p");
+        assert_eq!(reply.into_inner().payload, &b"p"[..]);
         assert_eq!(short.channel().stale_responses(), 0);
         server.shutdown();
     }
@@ -789,7 +789,7 @@ on_every_fabric! {
             // Other clients are served too.
             let other = EchoClient::new(channel(server.local_url()));
             let reply = other.echo(echo_request("other", b"o".to_vec(), &[])).wait().unwrap();
-            assert_eq!(reply.into_inner().payload, b"o");
+            assert_eq!(reply.into_inner().payload, &b"o"[..]);
             server.shutdown();
         }
     }
@@ -810,15 +810,15 @@ on_every_fabric! {
         drop(leaving);
         // Others are served meanwhile...
         let reply = other.echo(echo_request("during", b"d".to_vec(), &[])).wait().unwrap();
-        assert_eq!(reply.into_inner().payload, b"d");
+        assert_eq!(reply.into_inner().payload, &b"d"[..]);
         // ...and after the handler answers into the closed connection.
         probe.open_gate("");
         probe.wait_finished("orphan");
         let reply = other.echo(echo_request("after", b"a".to_vec(), &[])).wait().unwrap();
-        assert_eq!(reply.into_inner().payload, b"a");
+        assert_eq!(reply.into_inner().payload, &b"a"[..]);
         let newcomer = EchoClient::new(channel(server.local_url()));
         let reply = newcomer.echo(echo_request("new", b"n".to_vec(), &[])).wait().unwrap();
-        assert_eq!(reply.into_inner().payload, b"n");
+        assert_eq!(reply.into_inner().payload, &b"n"[..]);
 
         // A thread still waiting on a call when the last handle of its
         // channel goes away gets Unavailable rather than waiting forever.
@@ -832,7 +832,7 @@ on_every_fabric! {
         probe.open_gate("abandoned");
         probe.wait_finished("abandoned");
         let reply = other.echo(echo_request("last", b"l".to_vec(), &[])).wait().unwrap();
-        assert_eq!(reply.into_inner().payload, b"l");
+        assert_eq!(reply.into_inner().payload, &b"l"[..]);
         bounded("shutdown", move || server.shutdown());
     }
 }

@@ -87,7 +87,9 @@ fn many_channels(url: &str, channels: usize) {
             let payload = (i as u32).to_le_bytes().to_vec();
             (
                 payload.clone(),
-                c.echo(Request::new(EchoRequest { payload })),
+                c.echo(Request::new(EchoRequest {
+                    payload: payload.into(),
+                })),
             )
         })
         .collect();

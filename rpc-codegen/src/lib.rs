@@ -73,6 +73,14 @@
 //!   trait's associated type, `type ListFeaturesStream: Stream<Item =
 //!   Result<Feature, Status>> + Send + 'static`.
 //!
+//! Messages are prost's, with one difference: a `bytes` field is a
+//! `rpc_core::Bytes` (the `bytes` crate's), not a `Vec<u8>`. A large message
+//! travels by rendezvous, read straight into a buffer of the receiver's, and
+//! its `Bytes` fields are decoded as views of that buffer, without a copy;
+//! set one with `payload: vec.into()` or `Bytes::from_static(b"...")`.
+//! [`Builder::vec_bytes`] generates `Vec<u8>` instead, as prost and tonic
+//! do.
+//!
 //! Proto comments on services and rpcs become doc comments. Rpc names that
 //! are Rust keywords become raw identifiers (`r#type`), or get a trailing
 //! underscore where Rust has no raw form (`self_`). On the client, rpcs named
@@ -126,6 +134,7 @@ pub fn configure() -> Builder {
         out_dir: None,
         emit_rerun_if_changed: true,
         bytes: Vec::new(),
+        vec_bytes: Vec::new(),
         btree_map: Vec::new(),
         boxed: Vec::new(),
         attributes: Vec::new(),
@@ -143,7 +152,7 @@ pub fn configure() -> Builder {
 /// ```no_run
 /// # fn main() -> std::io::Result<()> {
 /// rpc_codegen::configure()
-///     .bytes(["."])                                  // bytes fields as `Bytes`
+///     .vec_bytes([".acme.legacy"])                   // this package's bytes fields as `Vec<u8>`
 ///     .btree_map([".acme.Blob.labels"])              // this map as a `BTreeMap`
 ///     .type_attribute(".acme.Key", "#[derive(Eq, Hash)]")
 ///     .field_attribute(".acme.Blob.data", "#[doc = \"The blob's bytes.\"]")
@@ -156,6 +165,7 @@ pub struct Builder {
     out_dir: Option<PathBuf>,
     emit_rerun_if_changed: bool,
     bytes: Vec<String>,
+    vec_bytes: Vec<String>,
     btree_map: Vec<String>,
     boxed: Vec<String>,
     /// Attributes by what they go on, its path, and the attribute.
@@ -191,8 +201,29 @@ impl Builder {
         self
     }
 
-    /// Generates `bytes` fields matching `paths` as `Bytes` instead of
-    /// `Vec<u8>` (prost-build's `bytes`).
+    /// Generates `bytes` fields matching `paths` as `Vec<u8>` instead of
+    /// [`bytes::Bytes`], as prost-build and tonic do by default;
+    /// `vec_bytes(["."])` for all of them.
+    ///
+    /// By default every `bytes` field is a `Bytes`: a large message, which
+    /// travels by rendezvous, is then decoded without copying the field out
+    /// of the buffer it was read into, and the field shares that buffer
+    /// until dropped (on rdma:// registered memory, which goes back to the
+    /// registration cache then). A `Vec<u8>` field costs a copy per message
+    /// and holds only its own bytes.
+    ///
+    /// [`bytes::Bytes`]: https://docs.rs/bytes/1/bytes/struct.Bytes.html
+    pub fn vec_bytes<S: AsRef<str>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
+        self.vec_bytes.extend(owned(paths));
+        self
+    }
+
+    /// Keeps `bytes` fields matching `paths` as `Bytes` where a
+    /// [`vec_bytes`](Self::vec_bytes) path matches them too (prost-build's
+    /// `bytes`). Every `bytes` field is a `Bytes` unless `vec_bytes` says
+    /// otherwise, so this only narrows `vec_bytes`:
+    /// `.vec_bytes(["."]).bytes([".acme.Blob.data"])` makes that one field
+    /// a `Bytes` and every other a `Vec<u8>`.
     pub fn bytes<S: AsRef<str>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
         self.bytes.extend(owned(paths));
         self
@@ -249,6 +280,21 @@ impl Builder {
     pub fn boxed<S: AsRef<str>>(mut self, paths: impl IntoIterator<Item = S>) -> Self {
         self.boxed.extend(owned(paths));
         self
+    }
+
+    /// The paths to pass as prost-build's `bytes`: every field, unless a
+    /// `vec_bytes` path matches it and no `bytes` path does.
+    fn bytes_paths(&self, fds: &FileDescriptorSet) -> Vec<String> {
+        if self.vec_bytes.is_empty() {
+            return vec![".".to_owned()];
+        }
+        let matches = |paths: &[String], field: &str| {
+            paths.iter().any(|p| prost_sub_paths(field).any(|s| s == p))
+        };
+        bytes_fields(fds)
+            .into_iter()
+            .filter(|f| !matches(&self.vec_bytes, f) || matches(&self.bytes, f))
+            .collect()
     }
 
     fn attribute(
@@ -316,7 +362,7 @@ impl Builder {
             .prost_types_path("::rpc_core::codegen::prost_types")
             .service_generator(Box::new(generator::ServiceGenerator))
             .out_dir(out_dir)
-            .bytes(&self.bytes)
+            .bytes(self.bytes_paths(&fds))
             .btree_map(&self.btree_map);
         for path in &self.boxed {
             config.boxed(path);
@@ -334,6 +380,69 @@ impl Builder {
         }
         config.compile_fds(fds)
     }
+}
+
+/// The fully qualified paths by which prost-build looks up whether a field
+/// is a `Bytes`: each `bytes` field's (`.pkg.Message.field`), and for a
+/// map with `bytes` values, `.pkg.Message.value` (prost-build looks up a
+/// map's value type by the name of the map entry's value field).
+fn bytes_fields(fds: &FileDescriptorSet) -> Vec<String> {
+    use prost_types::DescriptorProto;
+    use prost_types::field_descriptor_proto::Type;
+    fn walk(scope: &str, message: &DescriptorProto, out: &mut Vec<String>) {
+        let name = format!("{scope}.{}", message.name());
+        for field in &message.field {
+            if field.r#type() == Type::Bytes {
+                out.push(format!("{name}.{}", field.name()));
+            }
+        }
+        for nested in &message.nested_type {
+            let map_value = nested
+                .options
+                .as_ref()
+                .is_some_and(|o| o.map_entry())
+                .then(|| nested.field.iter().find(|f| f.number() == 2))
+                .flatten();
+            match map_value {
+                Some(value) if value.r#type() == Type::Bytes => {
+                    out.push(format!("{name}.{}", value.name()));
+                }
+                Some(_) => {}
+                None => walk(&name, nested, out),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for file in &fds.file {
+        let scope = match file.package() {
+            "" => String::new(),
+            package => format!(".{package}"),
+        };
+        for message in &file.message_type {
+            walk(&scope, message, &mut out);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The paths that select `full` in prost-build's path syntax: itself, its
+/// suffixes without the leading dot (`b.c`, `c` of `.a.b.c`), its
+/// prefixes (`.a.b`, `.a`) and `.`.
+fn prost_sub_paths(full: &str) -> impl Iterator<Item = &str> {
+    let suffixes = std::iter::successors(Some(full), |p| {
+        p.split_once('.').map(|x| x.1).filter(|p| !p.is_empty())
+    })
+    .skip(1);
+    let prefixes = std::iter::successors(Some(full), |p| {
+        p.rsplit_once('.').map(|x| x.0).filter(|p| !p.is_empty())
+    })
+    .skip(1);
+    std::iter::once(full)
+        .chain(suffixes)
+        .chain(prefixes)
+        .chain(std::iter::once("."))
 }
 
 /// Writes, for each package that declares a service, the

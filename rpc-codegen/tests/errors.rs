@@ -333,3 +333,79 @@ fn missing_out_dir_is_reported() {
         .unwrap_err();
     assert!(err.to_string().contains("OUT_DIR is not set"), "{err}");
 }
+
+/// Each `bytes` field of `blobs.proto` compiled with `config`, by name, and
+/// whether it came out as `Bytes` (else `Vec<u8>`).
+fn bytes_fields(config: rpc_codegen::Builder) -> Vec<(&'static str, bool)> {
+    let dir = proto_dir(&[(
+        "blobs.proto",
+        r#"syntax = "proto3";
+package t;
+message Outer {
+  bytes blob = 1;
+  message Inner { bytes raw = 1; }
+  Inner inner = 2;
+  oneof choice { bytes chosen = 3; string other = 4; }
+  map<string, bytes> parts = 5;
+}
+"#,
+    )]);
+    let out = tempfile::tempdir().unwrap();
+    config
+        .out_dir(out.path())
+        .emit_rerun_if_changed(false)
+        .compile(&[dir.path().join("blobs.proto")], &[dir.path()])
+        .unwrap();
+    let code = fs::read_to_string(out.path().join("t.rs")).unwrap();
+    // The declaration that begins with `start`, up to the next attribute
+    // or the end of its item (rustfmt may break a type over lines).
+    let line = |start: &str| -> &str {
+        let at = code
+            .find(start)
+            .unwrap_or_else(|| panic!("no `{start}` in\n{code}"));
+        let rest = &code[at..];
+        &rest[..rest.find(['#', '}']).unwrap_or(rest.len())]
+    };
+    let bytes = "::rpc_core::codegen::prost::bytes::Bytes";
+    vec![
+        ("blob", line("pub blob:").contains(bytes)),
+        ("raw", line("pub raw:").contains(bytes)),
+        ("chosen", line("Chosen(").contains(bytes)),
+        ("parts", line("pub parts:").contains(bytes)),
+    ]
+}
+
+#[test]
+fn bytes_fields_are_bytes_unless_vec_bytes_says() {
+    let all = |b| vec![("blob", b), ("raw", b), ("chosen", b), ("parts", b)];
+    assert_eq!(bytes_fields(rpc_codegen::configure()), all(true));
+    assert_eq!(
+        bytes_fields(rpc_codegen::configure().vec_bytes(["."])),
+        all(false)
+    );
+    // `bytes` narrows `vec_bytes`, by any of prost's path forms.
+    assert_eq!(
+        bytes_fields(
+            rpc_codegen::configure()
+                .vec_bytes([".t"])
+                .bytes([".t.Outer.Inner", "Outer.chosen"])
+        ),
+        [
+            ("blob", false),
+            ("raw", true),
+            ("chosen", true),
+            ("parts", false)
+        ]
+    );
+    // A map's values go by the map's message (prost's lookup names the
+    // entry's `value` field).
+    assert_eq!(
+        bytes_fields(rpc_codegen::configure().vec_bytes([".t.Outer.blob", ".t.Outer.Inner"])),
+        [
+            ("blob", false),
+            ("raw", false),
+            ("chosen", true),
+            ("parts", true)
+        ]
+    );
+}

@@ -128,6 +128,10 @@ pub use dispatch::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 /// what streaming handlers return and streaming calls take.
 pub use futures_core::Stream;
 pub use metadata::{InvalidMetadataKey, Metadata};
+/// The type of generated `bytes` fields (the `bytes` crate's, through
+/// prost): a large message's `Bytes` fields share the buffer it was read
+/// into instead of copying out of it.
+pub use prost::bytes::Bytes;
 pub use raw::RawMessage;
 pub use request::{IntoRequest, Request, Response, Trailers};
 pub use server::{MethodKind, Server, ServerBuilder, ServerCall, ServerHandle, Service};

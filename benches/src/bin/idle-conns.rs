@@ -185,7 +185,7 @@ fn client(o: &Options) -> Result<(), String> {
     let connect_s = start.elapsed().as_secs_f64();
     let start = Instant::now();
     for (i, c) in clients.iter().enumerate() {
-        let payload = vec![i as u8; 64];
+        let payload = rpc_core::Bytes::from(vec![i as u8; 64]);
         let reply = c
             .echo(Request::new(EchoRequest {
                 payload: payload.clone(),

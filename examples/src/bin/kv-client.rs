@@ -53,7 +53,7 @@ fn main() {
             ("put", [key, value]) => client
                 .put(PutRequest {
                     key: key.clone(),
-                    value: value.clone().into_bytes(),
+                    value: value.clone().into_bytes().into(),
                 })
                 .wait()
                 .map(|r| {

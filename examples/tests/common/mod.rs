@@ -364,14 +364,14 @@ impl Echo for TestEcho {
             return Ok(Response::from_parts(
                 reply,
                 EchoReply {
-                    payload: Vec::new(),
+                    payload: Vec::new().into(),
                 },
             ));
         }
         if let Some(len) = md.get("reply-len") {
             let len: usize = len.parse().expect("reply-len");
             return Ok(Response::new(EchoReply {
-                payload: pattern(len, 7),
+                payload: pattern(len, 7).into(),
             }));
         }
         let mut metadata = md.clone();
@@ -477,7 +477,9 @@ pub fn echo_request(
     payload: Vec<u8>,
     metadata: &[(&str, &str)],
 ) -> Request<EchoRequest> {
-    let mut request = Request::new(EchoRequest { payload });
+    let mut request = Request::new(EchoRequest {
+        payload: payload.into(),
+    });
     request.metadata_mut().insert("tag", tag).unwrap();
     for (k, v) in metadata {
         request.metadata_mut().insert(k, *v).unwrap();
@@ -502,7 +504,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// takes in protobuf: the field tag and length prefix, then the bytes.
 pub fn echo_encoded_len(len: usize) -> usize {
     EchoRequest {
-        payload: vec![0; len],
+        payload: vec![0; len].into(),
     }
     .encoded_len()
 }

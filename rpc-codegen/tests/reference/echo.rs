@@ -4,16 +4,16 @@
 #[prost(prost_path = "::rpc_core::codegen::prost")]
 pub struct EchoRequest {
     /// Bytes to send back.
-    #[prost(bytes = "vec", tag = "1")]
-    pub payload: ::rpc_core::codegen::prost::alloc::vec::Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub payload: ::rpc_core::codegen::prost::bytes::Bytes,
 }
 /// The echo.
 #[derive(Clone, PartialEq, Eq, Hash, ::rpc_core::codegen::prost::Message)]
 #[prost(prost_path = "::rpc_core::codegen::prost")]
 pub struct EchoReply {
     /// The request's payload.
-    #[prost(bytes = "vec", tag = "1")]
-    pub payload: ::rpc_core::codegen::prost::alloc::vec::Vec<u8>,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub payload: ::rpc_core::codegen::prost::bytes::Bytes,
 }
 /// What to stream.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::rpc_core::codegen::prost::Message)]

@@ -7,8 +7,8 @@ pub struct PutRequest {
     #[prost(string, tag = "1")]
     pub key: ::rpc_core::codegen::prost::alloc::string::String,
     /// The value to store.
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: ::rpc_core::codegen::prost::alloc::vec::Vec<u8>,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: ::rpc_core::codegen::prost::bytes::Bytes,
 }
 /// Result of Put.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::rpc_core::codegen::prost::Message)]
@@ -31,8 +31,8 @@ pub struct GetRequest {
 #[prost(prost_path = "::rpc_core::codegen::prost")]
 pub struct GetReply {
     /// The value; absent when the key is not present.
-    #[prost(bytes = "vec", optional, tag = "1")]
-    pub value: ::core::option::Option<::rpc_core::codegen::prost::alloc::vec::Vec<u8>>,
+    #[prost(bytes = "bytes", optional, tag = "1")]
+    pub value: ::core::option::Option<::rpc_core::codegen::prost::bytes::Bytes>,
 }
 /// Arguments of Delete.
 #[derive(Clone, PartialEq, Eq, Hash, ::rpc_core::codegen::prost::Message)]
@@ -69,8 +69,8 @@ pub struct Entry {
     #[prost(string, tag = "1")]
     pub key: ::rpc_core::codegen::prost::alloc::string::String,
     /// The value.
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: ::rpc_core::codegen::prost::alloc::vec::Vec<u8>,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: ::rpc_core::codegen::prost::bytes::Bytes,
 }
 /// Result of Scan.
 #[derive(Clone, PartialEq, ::rpc_core::codegen::prost::Message)]
