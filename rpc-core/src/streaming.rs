@@ -56,11 +56,12 @@ pub(crate) trait Link: Send + Sync {
         Ok(None)
     }
     /// Sends a frame whose payload is `buf` (from [`Link::lend_buffer`]
-    /// for that frame) by lending it, with no copy.
-    fn send_lent(&self, frame: &OutFrame<'_>, cork: bool, buf: LendBuf) -> Result<(), SendError> {
+    /// for that frame) by lending it, with no copy, and posts it at once
+    /// with what corked sends held before it.
+    fn send_lent(&self, frame: &OutFrame<'_>, buf: LendBuf) -> Result<(), SendError> {
         let mut buf = buf;
         let bytes = buf.bytes();
-        self.send(frame, cork, &mut |b| b.copy_from_slice(bytes))
+        self.send(frame, false, &mut |b| b.copy_from_slice(bytes))
     }
     /// Posts the writes held by corked sends.
     fn uncork(&self);
@@ -572,7 +573,13 @@ impl Outbox {
                 Ok(Some(mut buf)) => {
                     encode_exact(message, buf.bytes());
                     self.lent = Some(buf);
-                    return Poll::Ready(Ok(()));
+                    // It goes alone, so at once if the window allows, not
+                    // after the next message is produced and encoded (the
+                    // taken message stays here if it does not).
+                    return match self.poll_send_batch(cx) {
+                        Poll::Ready(Err(status)) => Poll::Ready(Err(status)),
+                        _ => Poll::Ready(Ok(())),
+                    };
                 }
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(Status::from(e))),
@@ -597,7 +604,10 @@ impl Outbox {
                 return Poll::Ready(Err(status));
             }
             let buf = self.lent.take().expect("checked above");
-            let sent = self.link.send_lent(&self.message_frame(1, len), true, buf);
+            // Posted at once, with what was corked before it: the reader
+            // of a lent message waits for its descriptor to start its
+            // read, and the producer may take long over the next message.
+            let sent = self.link.send_lent(&self.message_frame(1, len), buf);
             self.first_metadata = None;
             return Poll::Ready(sent.map_err(Status::from));
         }

@@ -996,17 +996,15 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
     fn send_lent(
         &self,
         frame: &OutFrame<'_>,
-        cork: bool,
         buf: crate::streaming::LendBuf,
     ) -> Result<(), SendError> {
-        let cork = if cork { usize::MAX } else { 0 };
         let Some(buf) = buf.into_inner::<<F::Region as Region>::Buffer>() else {
             return Err(SendError::NoBuffer(
                 "a buffer of another fabric was lent".into(),
             ));
         };
         self.send_framed(frame, |header| {
-            self.lend_filled(header, frame, false, cork, buf)
+            self.lend_filled(header, frame, false, 0, buf)
         })
         .map(drop)
     }
