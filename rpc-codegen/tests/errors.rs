@@ -13,8 +13,17 @@ fn manifest_dir() -> PathBuf {
 
 /// Compiles `protos` into a fresh temporary directory.
 fn compile(protos: &[&Path], includes: &[&Path]) -> io::Result<tempfile::TempDir> {
+    compile_with(rpc_codegen::configure(), protos, includes)
+}
+
+/// Compiles `protos` with `config` into a fresh temporary directory.
+fn compile_with(
+    config: rpc_codegen::Builder,
+    protos: &[impl AsRef<Path>],
+    includes: &[impl AsRef<Path>],
+) -> io::Result<tempfile::TempDir> {
     let out = tempfile::tempdir()?;
-    rpc_codegen::configure()
+    config
         .out_dir(out.path())
         .emit_rerun_if_changed(false)
         .compile(protos, includes)?;
@@ -350,12 +359,7 @@ message Outer {
 }
 "#,
     )]);
-    let out = tempfile::tempdir().unwrap();
-    config
-        .out_dir(out.path())
-        .emit_rerun_if_changed(false)
-        .compile(&[dir.path().join("blobs.proto")], &[dir.path()])
-        .unwrap();
+    let out = compile_with(config, &[dir.path().join("blobs.proto")], &[dir.path()]).unwrap();
     let code = fs::read_to_string(out.path().join("t.rs")).unwrap();
     // The declaration that begins with `start`, up to the next attribute
     // or the end of its item (rustfmt may break a type over lines).

@@ -467,7 +467,7 @@ impl ServerCall {
         let call = self;
         let span = call.span();
         run_task(span, async move {
-            match run_handler(future, || {}).await {
+            match run_handler(future).await {
                 Ok(Ok(response)) => call.send_stream(response).await,
                 Ok(Err(status)) => call.reply_err(&status),
                 Err(panic) => call.reply_panic(&*panic),
@@ -719,17 +719,13 @@ where
         let Some(running) = this.future.as_mut().as_pin_mut() else {
             return Poll::Ready(()); // polled again after it finished
         };
-        let outcome = match catch_unwind(AssertUnwindSafe(|| running.poll(cx))) {
-            Ok(Poll::Pending) => {
-                // A unary handler that has to wait can hear of a cancel
-                // from then on (a stream's call is registered already).
-                if let Some(call) = this.call.as_mut() {
-                    call.register_unary();
-                }
-                return Poll::Pending;
+        let Poll::Ready(outcome) = poll_caught(running, cx) else {
+            // A unary handler that has to wait can hear of a cancel from
+            // then on (a stream's call is registered already).
+            if let Some(call) = this.call.as_mut() {
+                call.register_unary();
             }
-            Ok(Poll::Ready(result)) => Ok(result),
-            Err(panic) => Err(panic),
+            return Poll::Pending;
         };
         this.future.set(None);
         if let Some(call) = this.call.take() {
@@ -743,24 +739,25 @@ where
 }
 
 /// Polls a handler's future to its output, catching a panic (so that the
-/// call is still ours to answer with the panic's message); `on_wait` runs
-/// each time it has to wait.
+/// call is still ours to answer with the panic's message).
 async fn run_handler<T, Fut: Future<Output = T>>(
     future: Fut,
-    mut on_wait: impl FnMut(),
 ) -> Result<T, Box<dyn std::any::Any + Send>> {
     let mut future = std::pin::pin!(future);
-    std::future::poll_fn(
-        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
-            Ok(std::task::Poll::Pending) => {
-                on_wait();
-                std::task::Poll::Pending
-            }
-            Err(panic) => std::task::Poll::Ready(Err(panic)),
-        },
-    )
-    .await
+    std::future::poll_fn(|cx| poll_caught(future.as_mut(), cx)).await
+}
+
+/// Polls a handler's future once, catching a panic: `Ready(Err(panic))`
+/// if it panicked.
+fn poll_caught<Fut: Future>(
+    future: Pin<&mut Fut>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Fut::Output, Box<dyn std::any::Any + Send>>> {
+    match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+        Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(panic) => Poll::Ready(Err(panic)),
+    }
 }
 
 impl Drop for ServerCall {

@@ -58,8 +58,7 @@ pub(crate) trait Link: Send + Sync {
     /// Sends a frame whose payload is `buf` (from [`Link::lend_buffer`]
     /// for that frame) by lending it, with no copy, and posts it at once
     /// with what corked sends held before it.
-    fn send_lent(&self, frame: &OutFrame<'_>, buf: LendBuf) -> Result<(), SendError> {
-        let mut buf = buf;
+    fn send_lent(&self, frame: &OutFrame<'_>, mut buf: LendBuf) -> Result<(), SendError> {
         let bytes = buf.bytes();
         self.send(frame, false, &mut |b| b.copy_from_slice(bytes))
     }

@@ -405,12 +405,19 @@ impl<F: Fabric> Conn<F> {
         cork: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<bool, SendError> {
-        let mut buf = self
-            .fabric
-            .buffer(frame.payload_len)
-            .map_err(|e| SendError::NoBuffer(e.to_string()))?;
+        let mut buf = self.lend_buffer_for(frame)?;
         fill(&mut buf);
         self.lend_filled(header, frame, fail_fast, cork, buf)
+    }
+
+    /// A buffer from the fabric's cache for `frame`'s payload, to lend.
+    fn lend_buffer_for(
+        &self,
+        frame: &OutFrame<'_>,
+    ) -> Result<<F::Region as Region>::Buffer, SendError> {
+        self.fabric
+            .buffer(frame.payload_len)
+            .map_err(|e| SendError::NoBuffer(e.to_string()))
     }
 
     /// Lends `buf`, which holds the frame's payload, and stages the
@@ -987,11 +994,9 @@ impl<F: Fabric> crate::streaming::Link for Conn<F> {
         }
         // The checks of the send, before anything is allocated.
         frame.header(self.peer_max_message())?;
-        let buf = self
-            .fabric
-            .buffer(frame.payload_len)
-            .map_err(|e| SendError::NoBuffer(e.to_string()))?;
-        Ok(Some(crate::streaming::LendBuf::new(buf)))
+        Ok(Some(crate::streaming::LendBuf::new(
+            self.lend_buffer_for(frame)?,
+        )))
     }
     fn send_lent(
         &self,
