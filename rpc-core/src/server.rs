@@ -956,7 +956,8 @@ impl ServerBuilder {
     }
 
     /// How often an idle connection sends a heartbeat (default 1 s, at
-    /// least 10 ms), or `None` for none. The client's transport must
+    /// least 10 ms; what one is on each fabric: [`DEFAULT_HEARTBEAT`](crate::DEFAULT_HEARTBEAT)),
+    /// or `None` for none. The client's transport must
     /// acknowledge each, so the connection of a client host that vanished
     /// is dropped, and its memory returned, within 5 s with the default (about
     /// 2.5 s on rdma://; see [`heartbeat_bound`](crate::heartbeat_bound));

@@ -2,7 +2,7 @@
 //! server holds many.
 //!
 //! ```text
-//! idle-conns --url URL --connections N [--ring-size BYTES] [--json FILE]
+//! idle-conns --url URL --connections N [--ring-size BYTES] [--idle-s S] [--json FILE]
 //! ```
 //!
 //! Serves the echo service on URL in this process (default settings), then
@@ -11,10 +11,12 @@
 //! settings and makes one 64-byte echo call on each (every connection has
 //! then carried a call and stays up, idle). Each side reads its own
 //! `/proc/self/status` before and after, and the per-connection figures are
-//! the differences divided by N:
+//! the differences divided by N. Then both sides leave the connections
+//! idle for S seconds (default 5) and each measures its own CPU time
+//! (user + system, all threads) over them:
 //!
 //! ```text
-//! url=... connections=N ring_size=... side=server rss_kib_per_conn=... pinned_kib_per_conn=... mapped_kib_per_conn=... threads=... connect_s=... calls_s=...
+//! url=... connections=N ring_size=... side=server rss_kib_per_conn=... pinned_kib_per_conn=... mapped_kib_per_conn=... threads=... connect_s=... calls_s=... idle_cpu_pct=...
 //! url=... connections=N ring_size=... side=client ...
 //! ```
 //!
@@ -24,7 +26,9 @@
 //! rings and staging could make resident once busy; `threads` counts the
 //! side's threads with all N connections up; `connect_s` and `calls_s` are
 //! how long the client took to open the N channels, one after another, and
-//! to make the N calls, one after another. Exit code 0, 1 if a
+//! to make the N calls, one after another; `idle_cpu_pct` is the side's
+//! CPU time over the idle seconds, in percent of one core (what keeping N
+//! idle connections alive costs: heartbeats, timers). Exit code 0, 1 if a
 //! connection or call failed, 2 on bad arguments.
 
 use benches::rpc::Tuning;
@@ -35,7 +39,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: idle-conns --url URL --connections N [--ring-size BYTES] [--json FILE]";
+const USAGE: &str =
+    "usage: idle-conns --url URL --connections N [--ring-size BYTES] [--idle-s S] [--json FILE]";
 
 /// One side's process figures, from `/proc/self/status`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -107,6 +112,8 @@ struct Options {
     connections: usize,
     tuning: Tuning,
     json: Option<std::path::PathBuf>,
+    /// How long both sides stay idle while each measures its CPU time.
+    idle: Duration,
     client: bool,
 }
 
@@ -115,6 +122,7 @@ fn parse() -> Result<Options, String> {
     let mut connections = None;
     let mut tuning = Tuning::default();
     let mut json = None;
+    let mut idle = Duration::from_secs(5);
     let mut client = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -132,6 +140,13 @@ fn parse() -> Result<Options, String> {
                 tuning.ring_size = Some(bytes);
             }
             "--json" => json = Some(value()?.into()),
+            "--idle-s" => {
+                let secs: f64 = value()?.parse().map_err(|_| "--idle-s: a number")?;
+                idle = Duration::try_from_secs_f64(secs)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or("--idle-s: a positive number of seconds")?;
+            }
             // The child's role: run the clients (not for users).
             "--client" => client = true,
             "--help" | "-h" => return Err(String::new()),
@@ -147,6 +162,7 @@ fn parse() -> Result<Options, String> {
         connections,
         tuning,
         json,
+        idle,
         client,
     })
 }
@@ -204,19 +220,39 @@ fn client(o: &Options) -> Result<(), String> {
         after.encode()
     );
     std::io::stdout().flush().map_err(|e| e.to_string())?;
+    // The parent measures the server over the same idle seconds.
+    println!("{}", idle_cpu_pct(o.idle));
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
     // Held until the parent has measured the server.
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     drop(clients);
     Ok(())
 }
 
-fn line(o: &Options, side: &str, before: Status, after: Status, times: (f64, f64)) -> String {
+/// This process's CPU time over the next `idle` (spent sleeping here), in
+/// percent of one core.
+fn idle_cpu_pct(idle: Duration) -> f64 {
+    let start = (Instant::now(), benches::measure::process_cpu());
+    std::thread::sleep(idle);
+    let cpu = benches::measure::process_cpu().saturating_sub(start.1);
+    100.0 * cpu.as_secs_f64() / start.0.elapsed().as_secs_f64()
+}
+
+fn line(
+    o: &Options,
+    side: &str,
+    before: Status,
+    after: Status,
+    times: (f64, f64),
+    idle_cpu: f64,
+) -> String {
     let (connect_s, calls_s) = times;
     let n = o.connections as f64;
     let per = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / n;
     format!(
         "url={} connections={} ring_size={} side={side} rss_kib_per_conn={:.1} \
-         pinned_kib_per_conn={:.1} mapped_kib_per_conn={:.1} threads={} connect_s={connect_s:.2} calls_s={calls_s:.2}",
+         pinned_kib_per_conn={:.1} mapped_kib_per_conn={:.1} threads={} connect_s={connect_s:.2} calls_s={calls_s:.2} \
+         idle_cpu_pct={idle_cpu:.2}",
         o.url,
         o.connections,
         o.tuning
@@ -263,11 +299,14 @@ fn server(o: &Options) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("cannot start the clients: {e}"))?;
     let mut report = String::new();
-    let stdout = child.stdout.take().expect("piped");
-    BufReader::new(stdout)
-        .read_line(&mut report)
-        .map_err(|e| e.to_string())?;
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+    stdout.read_line(&mut report).map_err(|e| e.to_string())?;
     let after = Status::settled();
+    let server_idle_cpu = idle_cpu_pct(o.idle);
+    let mut idle_line = String::new();
+    stdout
+        .read_line(&mut idle_line)
+        .map_err(|e| e.to_string())?;
     drop(child.stdin.take());
     let status = child.wait().map_err(|e| e.to_string())?;
     let numbers: Vec<&str> = report.split_whitespace().collect();
@@ -283,7 +322,10 @@ fn server(o: &Options) -> Result<(), String> {
             ))
         })
         .flatten();
-    let Some((client_before, client_after, times)) = parsed.filter(|_| status.success()) else {
+    let client_idle_cpu = idle_line.trim().parse::<f64>().ok();
+    let Some(((client_before, client_after, times), client_idle_cpu)) =
+        parsed.zip(client_idle_cpu).filter(|_| status.success())
+    else {
         return Err(format!("the clients failed ({status})"));
     };
     let o = Options {
@@ -291,11 +333,19 @@ fn server(o: &Options) -> Result<(), String> {
         connections: o.connections,
         tuning: o.tuning,
         json: o.json.clone(),
+        idle: o.idle,
         client: false,
     };
     let lines = [
-        line(&o, "server", before, after, times),
-        line(&o, "client", client_before, client_after, times),
+        line(&o, "server", before, after, times, server_idle_cpu),
+        line(
+            &o,
+            "client",
+            client_before,
+            client_after,
+            times,
+            client_idle_cpu,
+        ),
     ];
     for l in &lines {
         println!("{l}");

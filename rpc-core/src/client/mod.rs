@@ -539,7 +539,8 @@ impl ChannelBuilder {
     }
 
     /// How often an idle connection sends a heartbeat (default 1 s, at
-    /// least 10 ms), or `None` for none. The server's transport must
+    /// least 10 ms; what one is on each fabric: [`DEFAULT_HEARTBEAT`](crate::DEFAULT_HEARTBEAT)),
+    /// or `None` for none. The server's transport must
     /// acknowledge each, so a server host that vanished (power, link) fails
     /// every pending call with `Unavailable` within 5 s with the default (about
     /// 2.5 s on rdma://; see [`heartbeat_bound`](crate::heartbeat_bound));

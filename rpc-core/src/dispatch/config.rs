@@ -27,13 +27,17 @@ pub(crate) struct Config {
 }
 
 /// The default heartbeat interval. A connection that sent nothing for one
-/// to one and a half intervals sends a zero-length credit doorbell, which
-/// the peer's transport must acknowledge. A peer host that vanished is then
-/// noticed within [`heartbeat_bound`]: on rdma:// within 1.5 intervals plus
-/// the reliable connection's retries (7 sends 134 ms apart; longer on NICs
-/// that stretch the ack timeout), about 2.5 s with the default; on tcp:// once
+/// to one and a half intervals probes its peer with something the peer's
+/// transport, not its process, must acknowledge: on rdma:// a zero-length
+/// RDMA WRITE without an immediate (the peer's process never sees it), on
+/// tcp:// the kernel's keepalive at this interval (neither process wakes
+/// for it; below a second, and on mem://, a zero-length credit doorbell).
+/// A peer host that vanished is then noticed within [`heartbeat_bound`]: on
+/// rdma:// within 1.5 intervals plus the reliable connection's retries (7
+/// sends 134 ms apart; longer on NICs that stretch the ack timeout), about
+/// 2.5 s with the default; on tcp:// within 4 intervals of silence, or once
 /// the kernel has seen no acknowledgement for three intervals (at least
-/// 2 s) while bytes are in flight, about 3.5 s.
+/// 2 s) while bytes are in flight, about 3.5-4 s.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// The shortest heartbeat interval accepted.

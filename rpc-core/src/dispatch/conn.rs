@@ -3,11 +3,11 @@
 
 use super::*;
 use crate::auth::Peer;
-use crate::fabric::RemoteBuf;
+use crate::fabric::{Probe, RemoteBuf};
 use crate::observe::Side;
 use crate::payload::Payload;
 use crate::protocol::header::{FLAG_LENT, LENT_LEN, Lent};
-use crate::protocol::staging_size;
+use crate::protocol::{Transmit, staging_size};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -46,6 +46,8 @@ pub(super) struct Heartbeat {
     unacked_limit: Duration,
     /// Beat only once the peer has written to us (see [`Conn::heard`]).
     after_peer: bool,
+    /// How a beat reaches the peer, as the queue pair said.
+    probe: Probe,
 }
 
 impl From<SendError> for Status {
@@ -538,19 +540,26 @@ impl<F: Fabric> Conn<F> {
             return;
         }
         let peer = self.peer;
+        let post = |qp: &mut F::Qp, run: &[Transmit]| match run {
+            [t] if t.silent => qp.post_probe(t.wr_id, peer.addr, peer.rkey, t.signaled),
+            _ => qp.post_write_imm_batch(run.len(), |i| {
+                let t = &run[i];
+                WriteImm {
+                    wr_id: t.wr_id,
+                    local: t.local.map(|(off, len)| (&*staging, off, len)),
+                    remote_addr: peer.addr + t.remote as u64,
+                    rkey: peer.rkey,
+                    imm: t.imm,
+                    signaled: t.signaled,
+                }
+            }),
+        };
         let result = match qp.as_mut() {
-            Some(qp) => qp
-                .post_write_imm_batch(transmits.len(), |i| {
-                    let t = &transmits[i];
-                    WriteImm {
-                        wr_id: t.wr_id,
-                        local: t.local.map(|(off, len)| (&*staging, off, len)),
-                        remote_addr: peer.addr + t.remote as u64,
-                        rkey: peer.rkey,
-                        imm: t.imm,
-                        signaled: t.signaled,
-                    }
-                })
+            // A silent heartbeat is another kind of work request: it goes
+            // alone, between the batches of the writes around it.
+            Some(qp) => transmits
+                .chunk_by(|a, b| !a.silent && !b.silent)
+                .try_for_each(|run| post(qp, run))
                 .map_err(|e| e.to_string()),
             None => Err("queue pair destroyed".to_owned()),
         };
@@ -895,13 +904,23 @@ impl<F: Fabric> Conn<F> {
         after_peer: bool,
         now: Instant,
     ) -> Instant {
+        let mut s = self.send_state();
+        let probe = match s.qp.as_mut().map(|qp| qp.probe_every(interval)) {
+            Some(Ok(probe)) => probe,
+            Some(Err(e)) => {
+                tracing::warn!(qp_num = self.qp_num, error = %e, "heartbeats fall back to credit doorbells");
+                Probe::Doorbell
+            }
+            None => Probe::Doorbell,
+        };
         let beat = Heartbeat {
             half: interval / 2,
             next: now + interval / 2,
             unacked_limit: super::config::unacked_limit(interval),
             after_peer,
+            probe,
         };
-        self.send_state().heartbeat = Some(beat);
+        s.heartbeat = Some(beat);
         beat.next
     }
 
@@ -924,7 +943,7 @@ impl<F: Fabric> Conn<F> {
             return Ok(Some(beat.next));
         }
         beat.next = now + beat.half;
-        let (next, limit) = (beat.next, beat.unacked_limit);
+        let (next, limit, probe) = (beat.next, beat.unacked_limit, beat.probe);
         if beat.after_peer && !self.heard.load(Ordering::Acquire) {
             return Ok(Some(next));
         }
@@ -936,8 +955,14 @@ impl<F: Fabric> Conn<F> {
                 ));
             }
         }
-        if let Some(wr_id) = s.proto.heartbeat_tick() {
-            tracing::trace!(qp_num = self.qp_num, wr_id, "heartbeat");
+        let silent = match probe {
+            // The transport probes the quiet connection itself.
+            Probe::Transport => return Ok(Some(next)),
+            Probe::Doorbell => false,
+            Probe::Silent => true,
+        };
+        if let Some(wr_id) = s.proto.heartbeat_tick(silent) {
+            tracing::trace!(qp_num = self.qp_num, wr_id, silent, "heartbeat");
             self.post_transmits(&mut s);
         }
         Ok(Some(next))

@@ -164,6 +164,30 @@ pub trait QueuePair: Send + 'static {
     fn established(&mut self) -> Result<(), FabricError> {
         Ok(())
     }
+    /// Sets up how a quiet connection proves its peer alive with heartbeats
+    /// every `every` (see "Liveness" in `ARCHITECTURE.md`), and says how:
+    /// by default with credit doorbells ([`Probe::Doorbell`]).
+    fn probe_every(&mut self, every: Duration) -> Result<Probe, FabricError> {
+        let _ = every;
+        Ok(Probe::Doorbell)
+    }
+    /// Posts a zero-length RDMA WRITE without an immediate to the peer's
+    /// `remote_addr` under `rkey`: a heartbeat its transport acknowledges
+    /// and its process never sees ([`Probe::Silent`]). Only called when
+    /// [`QueuePair::probe_every`] said so; an `Err` means nothing was posted.
+    fn post_probe(
+        &mut self,
+        wr_id: u64,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<(), FabricError> {
+        let _ = (wr_id, remote_addr, rkey, signaled);
+        Err(FabricError::invalid(
+            "post_probe",
+            "this fabric has no writes without an immediate",
+        ))
+    }
     /// How long the peer's transport has acknowledged nothing while writes
     /// sent on this queue pair wait for it, if the fabric can tell; `None`
     /// when nothing waits or it cannot. tcp:// asks the kernel; RDMA's
@@ -171,6 +195,24 @@ pub trait QueuePair: Send + 'static {
     fn unacknowledged_for(&self) -> Option<Duration> {
         None
     }
+}
+
+/// How a quiet connection's heartbeat reaches the peer (see
+/// [`QueuePair::probe_every`]). Each must be acknowledged by the peer's
+/// transport, not its process, so that a peer host that vanished is
+/// noticed and a live but busy one never taken for dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// A zero-length credit doorbell: a write with an immediate, which
+    /// takes a receive of the peer and wakes its dispatcher.
+    Doorbell,
+    /// A zero-length RDMA WRITE without an immediate
+    /// ([`QueuePair::post_probe`]): the peer's NIC acknowledges it, and the
+    /// peer's process spends nothing on it.
+    Silent,
+    /// The transport probes the peer itself (TCP keepalive at the
+    /// heartbeat's interval): the dispatcher posts nothing.
+    Transport,
 }
 
 /// What completed.

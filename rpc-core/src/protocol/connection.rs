@@ -42,7 +42,7 @@ pub const SIGNAL_EVERY: u64 = 16;
 pub const MAX_HELD: usize = 64;
 
 /// A write to post: frames (bytes of the staging area, written to the
-/// peer's ring) or a zero-length credit doorbell.
+/// peer's ring), a zero-length credit doorbell, or a silent heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
     /// `(offset, len)` in the staging area; `None` for a zero-length write.
@@ -55,6 +55,10 @@ pub struct Transmit {
     pub wr_id: u64,
     /// Whether its completion is reported.
     pub signaled: bool,
+    /// A silent heartbeat: a zero-length write *without* an immediate
+    /// (`imm` is not sent), which the peer's transport acknowledges and
+    /// its process never sees (see [`Sender::heartbeat_tick`]).
+    pub silent: bool,
 }
 
 /// Why a frame could not be sent.
@@ -377,6 +381,7 @@ impl Sender {
             imm,
             wr_id,
             signaled,
+            silent: false,
         });
         wr_id
     }
@@ -510,13 +515,16 @@ impl Sender {
 
     /// The heartbeat, called every half heartbeat interval: when nothing
     /// was handed out for two ticks in a row (between one and one and a
-    /// half intervals), hands out a signaled credit doorbell and returns its
-    /// work request id. The peer's transport must acknowledge it (an RC ack,
-    /// a TCP ack), so a peer host that vanished is noticed on an idle
-    /// connection, or one that only waits for responses, within the
-    /// transport's retry budget; a live but busy peer process is never
-    /// taken for dead, since its kernel or NIC acknowledges for it.
-    pub fn heartbeat_tick(&mut self) -> Option<u64> {
+    /// half intervals), hands out a heartbeat and returns its work request
+    /// id: a signaled credit doorbell, or if `silent`, an unsignaled
+    /// zero-length write without an immediate (which the peer's process
+    /// never sees, and which reports itself only if it fails). The peer's
+    /// transport must acknowledge either (an RC ack, a TCP ack), so a peer
+    /// host that vanished is noticed on an idle connection, or one that
+    /// only waits for responses, within the transport's retry budget; a
+    /// live but busy peer process is never taken for dead, since its kernel
+    /// or NIC acknowledges for it.
+    pub fn heartbeat_tick(&mut self, silent: bool) -> Option<u64> {
         if self.posted != self.heartbeat_seen {
             self.heartbeat_seen = self.posted;
             self.quiet_ticks = 0;
@@ -526,7 +534,16 @@ impl Sender {
         if self.quiet_ticks < 2 || self.dead.is_some() || !self.sq_room() {
             return None;
         }
-        let wr_id = self.push_credit(true);
+        let wr_id = if silent {
+            // No ack taken: the peer sees nothing of it.
+            let wr_id = self.push(None, 0, 0, false);
+            if let Some(t) = self.transmits.last_mut() {
+                t.silent = true;
+            }
+            wr_id
+        } else {
+            self.push_credit(true)
+        };
         self.heartbeat_seen = self.posted;
         self.quiet_ticks = 0;
         Some(wr_id)
@@ -1002,21 +1019,24 @@ mod tests {
     #[test]
     fn a_heartbeat_leaves_after_two_quiet_ticks_only() {
         let mut tx = Sender::new(4096, 4096, 64, 1 << 20).unwrap();
-        assert_eq!(tx.heartbeat_tick(), None, "first quiet tick");
-        let wr = tx.heartbeat_tick().expect("second quiet tick: a heartbeat");
+        assert_eq!(tx.heartbeat_tick(false), None, "first quiet tick");
+        let wr = tx
+            .heartbeat_tick(false)
+            .expect("second quiet tick: a heartbeat");
         let t = tx.transmits();
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].wr_id, wr);
         assert!(t[0].local.is_none(), "zero-length");
         assert!(t[0].signaled);
+        assert!(!t[0].silent);
         assert_eq!(
             Doorbell::decode(t[0].imm),
             Some(Doorbell::Credit { ack: 0 })
         );
         tx.on_posted(Ok(()));
         // Its own write counts as traffic: the next one needs two more.
-        assert_eq!(tx.heartbeat_tick(), None);
-        assert!(tx.heartbeat_tick().is_some());
+        assert_eq!(tx.heartbeat_tick(false), None);
+        assert!(tx.heartbeat_tick(false).is_some());
         tx.on_posted(Ok(()));
 
         // Any write between ticks keeps the heartbeat away.
@@ -1026,17 +1046,47 @@ mod tests {
             };
             tx.sent(offset, staged, 64, 0);
             tx.on_posted(Ok(()));
-            assert_eq!(tx.heartbeat_tick(), None);
+            assert_eq!(tx.heartbeat_tick(false), None);
         }
-        assert_eq!(tx.heartbeat_tick(), None);
-        assert!(tx.heartbeat_tick().is_some());
+        assert_eq!(tx.heartbeat_tick(false), None);
+        assert!(tx.heartbeat_tick(false).is_some());
 
         // A dead connection beats no more.
         tx.on_posted(Ok(()));
         tx.kill("gone");
         for _ in 0..4 {
-            assert_eq!(tx.heartbeat_tick(), None);
+            assert_eq!(tx.heartbeat_tick(false), None);
         }
+    }
+
+    #[test]
+    fn a_silent_heartbeat_takes_no_ack_and_reports_only_failure() {
+        let mut tx = Sender::new(4096, 4096, 64, 1 << 20).unwrap();
+        assert_eq!(tx.heartbeat_tick(true), None, "first quiet tick");
+        let wr = tx.heartbeat_tick(true).expect("second quiet tick");
+        let t = tx.transmits()[0];
+        assert_eq!(t.wr_id, wr);
+        assert!(t.silent && t.local.is_none(), "{t:?}");
+        assert!(
+            !t.signaled,
+            "unsignaled unless the send queue needs reaping"
+        );
+        tx.on_posted(Ok(()));
+        // A silent heartbeat is traffic too, and they go on while quiet;
+        // every SIGNAL_EVERY-th write is signaled, so the send queue of a
+        // connection that stays quiet is reaped.
+        let mut signaled = 0;
+        for _ in 0..2 * SIGNAL_EVERY {
+            assert_eq!(tx.heartbeat_tick(true), None);
+            let wr = tx.heartbeat_tick(true).expect("a heartbeat");
+            let t = tx.transmits()[0];
+            signaled += u32::from(t.signaled);
+            tx.on_posted(Ok(()));
+            if t.signaled {
+                tx.on_completion(wr);
+            }
+        }
+        assert_eq!(signaled, 2);
     }
 
     #[test]

@@ -28,7 +28,7 @@ mod tcp;
 use super::cache::{self, Cache};
 use super::{
     Admission, Buffer, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
-    FabricUrl, LocalSetup, QueuePair, Region, RemoteBuf, Scheme, WcStatus, WriteImm,
+    FabricUrl, LocalSetup, Probe, QueuePair, Region, RemoteBuf, Scheme, WcStatus, WriteImm,
 };
 use crate::pages::Pages;
 use std::collections::HashMap;
@@ -675,6 +675,13 @@ impl SoftQp {
 
 impl QueuePair for SoftQp {
     type Region = SoftRegion;
+
+    fn probe_every(&mut self, every: Duration) -> Result<Probe, FabricError> {
+        match &self.wire {
+            Wire::Mem(_) => Ok(Probe::Doorbell),
+            Wire::Tcp(w) => w.probe_every(every),
+        }
+    }
 
     fn unacknowledged_for(&self) -> Option<Duration> {
         match &self.wire {

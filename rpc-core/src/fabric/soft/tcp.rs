@@ -35,8 +35,8 @@ use crate::fabric::bootstrap::{self, Hello, HelloFabric, Link};
 use crate::fabric::gate::Admitted;
 use crate::fabric::tls::Session;
 use crate::fabric::{
-    Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Region,
-    RemoteBuf, WcStatus, WriteImm,
+    Completion, CompletionKind, Connected, FabricError, FabricUrl, LocalSetup, PeerRing, Probe,
+    Region, RemoteBuf, WcStatus, WriteImm,
 };
 use crate::pages::Pages;
 use mio::unix::SourceFd;
@@ -444,6 +444,13 @@ struct TxQueue {
     /// posted is encrypted into it at once and waits there for the socket
     /// (`bytes` stays empty), and the reader decrypts through it too.
     tls: Option<Session>,
+    /// Something was sent since the heartbeat last looked at the socket
+    /// ([`TcpWire::unacknowledged_for`]).
+    sent_since_look: bool,
+    /// At that look everything sent before had been acknowledged, and
+    /// nothing waited here or in the socket: until the next send, nothing
+    /// can be in flight, and the look needs no `TCP_INFO`.
+    settled: bool,
 }
 
 /// Bytes of a lent buffer to send (`at..end`), and what was posted after them.
@@ -711,6 +718,7 @@ impl TcpConn {
         if tx.failed || tx.closing {
             return Err(());
         }
+        tx.sent_since_look = true;
         if !tx.idle() {
             // Behind what waits, in order.
             tx.queue(bufs, 0);
@@ -749,6 +757,7 @@ impl TcpConn {
         if tx.failed || tx.closing {
             return Err(());
         }
+        tx.sent_since_look = true;
         tx.queue(&[IoSlice::new(head)], 0);
         tx.lent.push_back(LentChunk {
             buf,
@@ -766,6 +775,9 @@ impl TcpConn {
     /// Writes what is queued, as far as the socket takes it.
     fn flush(&self) {
         let mut tx = self.tx();
+        // Whatever it writes (a TLS session's own records too) is looked
+        // at by the next heartbeat.
+        tx.sent_since_look = true;
         if tx.failed {
             return;
         }
@@ -1308,6 +1320,13 @@ pub(super) struct TcpWire {
     pending_hello: Option<Hello>,
 }
 
+/// Unanswered keepalive probes after which the kernel fails a tcp://
+/// connection whose heartbeat it keeps ([`TcpWire::probe_every`]): the
+/// first goes after one interval of silence, the rest one interval apart,
+/// so a vanished host is noticed within four intervals of the last thing
+/// it sent, inside [`crate::heartbeat_bound`].
+pub(super) const KEEPALIVE_PROBES_FOR_HEARTBEAT: u32 = 3;
+
 /// How long the peer's kernel has acknowledged nothing while bytes of
 /// `stream` wait for it, from `TCP_INFO`; `None` unless bytes are in flight
 /// and their retransmission timer ran out twice in a row (0.6 s at least),
@@ -1320,8 +1339,27 @@ pub(super) struct TcpWire {
 ///
 /// The soft fabrics' one use of `unsafe`: `TCP_INFO` is not in the
 /// socket crates' safe APIs.
-#[allow(unsafe_code)]
+#[cfg(test)]
 pub(super) fn unacknowledged_for(stream: &TcpStream) -> Option<Duration> {
+    tcp_info(stream).and_then(|info| unacknowledged(&info))
+}
+
+/// See [`unacknowledged_for`].
+fn unacknowledged(info: &libc::tcp_info) -> Option<Duration> {
+    // Bytes in flight, sent twice more without an ack; or window probes
+    // (the peer had advertised a zero window) twice unanswered: a live
+    // peer's kernel answers every probe, which resets the count.
+    let retried = info.tcpi_unacked > 0 && info.tcpi_retransmits >= 2;
+    let probed = info.tcpi_probes >= 2;
+    if !(retried || probed) {
+        return None;
+    }
+    Some(Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
+}
+
+/// `TCP_INFO` of `stream`, if the kernel gives it.
+#[allow(unsafe_code)]
+fn tcp_info(stream: &TcpStream) -> Option<libc::tcp_info> {
     // SAFETY: plain old data; zero is valid.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -1336,24 +1374,68 @@ pub(super) fn unacknowledged_for(stream: &TcpStream) -> Option<Duration> {
             &mut len,
         )
     };
-    if rc != 0 {
-        return None;
-    }
-    // Bytes in flight, sent twice more without an ack; or window probes
-    // (the peer had advertised a zero window) twice unanswered: a live
-    // peer's kernel answers every probe, which resets the count.
-    let retried = info.tcpi_unacked > 0 && info.tcpi_retransmits >= 2;
-    let probed = info.tcpi_probes >= 2;
-    if !(retried || probed) {
-        return None;
-    }
-    Some(Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
+    (rc == 0).then_some(info)
 }
 
 impl TcpWire {
-    /// See [`unacknowledged_for`].
+    /// The socket, for tests that look at its options.
+    #[cfg(test)]
+    pub(super) fn stream(&self) -> &TcpStream {
+        &self.conn.stream
+    }
+
+    /// Whether the last look found everything sent acknowledged (and the
+    /// next may skip `TCP_INFO` unless something is sent meanwhile).
+    #[cfg(test)]
+    pub(super) fn settled(&self) -> bool {
+        self.conn.tx().settled
+    }
+
+    /// See [`unacknowledged_for`]. A connection that sent nothing since a
+    /// look found all it had sent acknowledged is not asked again: on a
+    /// quiet connection the heartbeat's look then costs no system call.
     pub(super) fn unacknowledged_for(&self) -> Option<Duration> {
-        unacknowledged_for(&self.conn.stream)
+        let flushed = {
+            let mut tx = self.conn.tx();
+            if tx.settled && !tx.sent_since_look {
+                return None;
+            }
+            tx.sent_since_look = false;
+            tx.flushed()
+        };
+        let info = tcp_info(&self.conn.stream)?;
+        let settled = flushed && info.tcpi_unacked == 0 && info.tcpi_notsent_bytes == 0;
+        // A send meanwhile set `sent_since_look` again: the next look asks.
+        self.conn.tx().settled = settled;
+        unacknowledged(&info)
+    }
+
+    /// Heartbeats every `every`: from a second up, the kernel's keepalive
+    /// probes the quiet connection, every whole second of `every`, and
+    /// fails it after [`KEEPALIVE_PROBES_FOR_HEARTBEAT`] unanswered ones;
+    /// neither side's process wakes up for it. Below a second (keepalive
+    /// counts whole seconds), credit doorbells.
+    ///
+    /// `TCP_USER_TIMEOUT` is turned off then: it would also end the
+    /// keepalive's probing no sooner than itself (20 s), and data left
+    /// unacknowledged is what the dispatcher's heartbeat looks for
+    /// ([`unacknowledged_for`]) at the same pace.
+    pub(super) fn probe_every(&self, every: Duration) -> Result<Probe, FabricError> {
+        let secs = every.as_secs();
+        if secs == 0 {
+            return Ok(Probe::Doorbell);
+        }
+        let sock = socket2::SockRef::from(&self.conn.stream);
+        let every = Duration::from_secs(secs);
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(every)
+            .with_interval(every)
+            .with_retries(KEEPALIVE_PROBES_FOR_HEARTBEAT);
+        sock.set_tcp_keepalive(&keepalive)
+            .map_err(|e| FabricError::io("setsockopt(SO_KEEPALIVE)", e))?;
+        sock.set_tcp_user_timeout(None)
+            .map_err(|e| FabricError::io("setsockopt(TCP_USER_TIMEOUT)", e))?;
+        Ok(Probe::Transport)
     }
 
     /// Sends `count` writes with one vectored write. `Err` names the work

@@ -195,6 +195,83 @@ fn a_peer_that_stops_reading_is_not_silent() {
     }
 }
 
+#[test]
+fn heartbeats_of_a_second_or_more_are_tcp_keepalive() {
+    let mut m = soft_pair("mem://soft-probe", DEFAULT_RNR_TIMEOUT);
+    assert_eq!(
+        m.cqp.probe_every(Duration::from_secs(1)).unwrap(),
+        Probe::Doorbell,
+        "mem:// peers share a process: doorbells"
+    );
+    let mut p = soft_pair("tcp://127.0.0.1:0", DEFAULT_RNR_TIMEOUT);
+    assert_eq!(
+        p.cqp.probe_every(Duration::from_millis(500)).unwrap(),
+        Probe::Doorbell,
+        "below a second: doorbells (keepalive counts whole seconds)"
+    );
+    assert_eq!(
+        p.cqp.probe_every(Duration::from_millis(2500)).unwrap(),
+        Probe::Transport
+    );
+    let Wire::Tcp(w) = &p.cqp.wire else {
+        panic!("a tcp:// queue pair")
+    };
+    let sock = socket2::SockRef::from(w.stream());
+    assert!(sock.keepalive().unwrap());
+    assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
+    assert_eq!(
+        sock.tcp_keepalive_interval().unwrap(),
+        Duration::from_secs(2)
+    );
+    assert_eq!(
+        sock.tcp_keepalive_retries().unwrap(),
+        tcp::KEEPALIVE_PROBES_FOR_HEARTBEAT
+    );
+    assert_eq!(sock.tcp_user_timeout().unwrap(), None);
+}
+
+#[test]
+fn a_quiet_tcp_connection_is_looked_at_again_only_after_a_send() {
+    let mut p = soft_pair("tcp://127.0.0.1:0", DEFAULT_RNR_TIMEOUT);
+    let settles = |p: &c::Pair<SoftFabric>| {
+        let Wire::Tcp(w) = &p.cqp.wire else {
+            panic!("a tcp:// queue pair")
+        };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            assert_eq!(w.unacknowledged_for(), None, "a live peer");
+            if w.settled() {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        false
+    };
+    let sent = |p: &mut c::Pair<SoftFabric>, wr_id| {
+        p.server.post_recv(1).unwrap();
+        p.staging.write(0, 8, |b| b.fill(1));
+        p.cqp
+            .post_write_imm(&c::write(&p.staging, &p.s_peer, 0, 8, p.s_peer.rkey, wr_id))
+            .unwrap();
+        assert_eq!(p.next_not_send(c::End::Server).status, WcStatus::Success);
+    };
+    sent(&mut p, 1);
+    assert!(settles(&p), "acknowledged, and nothing sent since");
+    // A send makes the next look ask the kernel again.
+    let Wire::Tcp(w) = &p.cqp.wire else {
+        panic!("a tcp:// queue pair")
+    };
+    w.unacknowledged_for();
+    assert!(w.settled());
+    sent(&mut p, 2);
+    let Wire::Tcp(w) = &p.cqp.wire else {
+        panic!("a tcp:// queue pair")
+    };
+    assert!(w.settled(), "not looked at yet");
+    w.unacknowledged_for();
+    assert!(settles(&p));
+}
+
 /// A poller that sleeps whenever its queue looks empty is woken by every
 /// push: no entry is left behind while it sleeps (a lost wake-up would
 /// hang this test, so it fails after a generous deadline instead). As on

@@ -59,8 +59,8 @@ use resources::{CompChannel, Context, Cq, Mr, Mw, Pd, Qp, Srq, is_full};
 
 use super::{
     Admission, Completion, CompletionKind, CompletionQueue, Connected, Fabric, FabricError,
-    FabricErrorKind, FabricUrl, Listener, LocalSetup, PeerRing, QueuePair, Region, RemoteBuf,
-    WcStatus, WriteImm,
+    FabricErrorKind, FabricUrl, Listener, LocalSetup, PeerRing, Probe, QueuePair, Region,
+    RemoteBuf, WcStatus, WriteImm,
 };
 use crate::fabric::bootstrap::{self, Hello, HelloFabric, Link};
 use crate::fabric::gate::{Admitted, Gate};

@@ -398,6 +398,35 @@ impl QueuePair for VerbsQp {
         Ok(())
     }
 
+    /// Heartbeats are silent writes: the peer's NIC acknowledges them
+    /// (the reliable connection fails them after its retries if it cannot),
+    /// and the peer's dispatcher never sees them.
+    fn probe_every(&mut self, _every: Duration) -> Result<Probe, FabricError> {
+        Ok(Probe::Silent)
+    }
+
+    fn post_probe(
+        &mut self,
+        wr_id: u64,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<(), FabricError> {
+        // SAFETY: plain old data; zero is valid (no SGE: zero length).
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        if signaled {
+            wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        wr.wr.rdma.remote_addr = remote_addr;
+        wr.wr.rdma.rkey = rkey;
+        // SAFETY: one request without SGEs, on this stack frame for the
+        // call (verbs copies it); a zero-length write touches no memory on
+        // either side.
+        unsafe { self.qp.qp.post_send(&mut wr) }
+    }
+
     /// What the protocol may have in flight of its own writes: half of
     /// what the send queue holds after the reads in flight, since each
     /// loan's bind takes an entry beside its descriptor's write.

@@ -422,6 +422,47 @@ fn rdma_made_up_failure_comes_after_real_completions() {
     assert_eq!(got[3], gone);
 }
 
+/// A heartbeat on rdma:// is a zero-length RDMA WRITE without an
+/// immediate: the peer's device acknowledges it, and its process sees
+/// nothing (no receive taken, no completion).
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_a_silent_probe_is_acknowledged_and_unseen() {
+    let mut p = verbs_pair();
+    assert_eq!(
+        p.cqp.probe_every(Duration::from_secs(1)).unwrap(),
+        Probe::Silent
+    );
+    p.server.post_recv(4).unwrap();
+    let (addr, rkey) = (p.s_peer.addr, p.s_peer.rkey);
+    p.cqp.post_probe(9, addr, rkey, true).unwrap();
+    let done = p.next(c::End::Client);
+    assert_eq!(
+        (done.wr_id, done.kind, done.status),
+        (9, CompletionKind::Send, WcStatus::Success)
+    );
+    p.cqp.post_probe(10, addr, rkey, false).unwrap();
+    p.cqp
+        .post_write_imm(&c::write(&p.staging, &p.s_peer, 0, 0, rkey, 0x5A))
+        .unwrap();
+    let got = p.next_not_send(c::End::Server);
+    assert_eq!(
+        (got.kind, got.status),
+        (
+            CompletionKind::RecvImm {
+                imm: 0x5A,
+                byte_len: 0
+            },
+            WcStatus::Success
+        ),
+        "the write after the probes is the first thing the peer sees"
+    );
+    // That an unsignaled probe to a vanished host fails with a completion
+    // of its own is for two hosts to show: here the peer's side channel
+    // closes with its queue pair and reports the failure first.
+    // `examples/tests/vanished_host.rs` kills a host instead.
+}
+
 #[test]
 fn without_a_device_opening_fails_with_a_clear_error() {
     if VerbsFabric::open(&FabricUrl::parse("rdma://127.0.0.1:0").unwrap()).is_ok() {
