@@ -50,8 +50,10 @@ fn ticks_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>) ->
 }
 
 /// Clock ticks (usually 10 ms) an idle second may use: a poller that kept
-/// spinning would use about 100. Each idle connection still wakes its
-/// pollers for a heartbeat every second on each side.
+/// spinning would use about 100. Each side's dispatcher still wakes for
+/// its heartbeat timer (which, on tcp:// and rdma://, posts a probe the
+/// peer's process never sees; on mem://, a credit doorbell the peer
+/// handles).
 const IDLE_TICKS: u64 = 3;
 
 /// The same in the Soft-RoCE guest, where every instruction is emulated

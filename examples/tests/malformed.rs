@@ -764,6 +764,26 @@ on_soft_fabrics! {
     }
 }
 
+/// From a second up, a tcp:// server leaves a quiet connection's probing
+/// to the kernel's keepalive: its client's process sees no heartbeat at
+/// all, and the connection stays in good standing.
+#[test]
+fn a_tcp_heartbeat_of_a_second_is_the_kernels_keepalive() {
+    watchdog(|| {
+        let probe = Probe::new();
+        let server = serve(
+            test_server(&probe).heartbeat(Some(Duration::from_secs(1))),
+            TCP_ANY,
+        );
+        let mut raw = Raw::connect(server.local_url());
+        raw.echo(b"hello");
+        assert_eq!(heartbeats_within(&raw, Duration::from_millis(3500)), 0);
+        raw.echo(b"after");
+        drop(raw);
+        bounded("shutdown", move || server.shutdown());
+    });
+}
+
 #[test]
 fn a_heartbeat_interval_below_the_minimum_is_refused() {
     let short = rpc_core::MIN_HEARTBEAT / 2;

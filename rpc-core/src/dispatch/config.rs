@@ -57,8 +57,11 @@ pub(crate) fn unacked_limit(interval: Duration) -> Duration {
 /// `Unavailable` and the connection's memory is returned. A heartbeat
 /// leaves within 1.5 intervals of the connection's last write, and the
 /// check runs every half interval: 2 intervals plus 3 intervals (at least
-/// 2 s) without acknowledgements at most (RDMA's reliable connections fail
-/// the heartbeat's write sooner, see [`DEFAULT_HEARTBEAT`]).
+/// 2 s) without acknowledgements at most. RDMA's reliable connections fail
+/// the heartbeat's write sooner, and on tcp:// the kernel's keepalive
+/// (intervals of a second or more) fails a quiet connection within 4
+/// intervals, rounded down to whole seconds, of the peer's last word (see
+/// [`DEFAULT_HEARTBEAT`]).
 pub fn heartbeat_bound(interval: Duration) -> Duration {
     interval * 2 + unacked_limit(interval)
 }

@@ -944,9 +944,9 @@ impl<F: Fabric> Conn<F> {
         }
         beat.next = now + beat.half;
         let (next, limit, probe) = (beat.next, beat.unacked_limit, beat.probe);
-        if beat.after_peer && !self.heard.load(Ordering::Acquire) {
-            return Ok(Some(next));
-        }
+        let waits_for_peer = beat.after_peer && !self.heard.load(Ordering::Acquire);
+        // Looked at before the peer has written too: a server's hello that
+        // its client's host never acknowledged is noticed the same way.
         if let Some(silent) = s.qp.as_ref().and_then(|qp| qp.unacknowledged_for()) {
             if silent >= limit {
                 return Err(format!(
@@ -954,6 +954,9 @@ impl<F: Fabric> Conn<F> {
                     silent.as_secs_f64()
                 ));
             }
+        }
+        if waits_for_peer {
+            return Ok(Some(next));
         }
         let silent = match probe {
             // The transport probes the quiet connection itself.

@@ -271,6 +271,7 @@ impl TcpIo {
         let flushed = {
             let mut tx = conn.tx();
             tx.closing = true;
+            tx.sent_since_look = true;
             if !tx.failed {
                 if let Some(session) = &mut tx.tls {
                     // The peer learns that the end is ours, not a cut.
@@ -954,7 +955,8 @@ impl TcpConn {
         let mut budget = READ_BUDGET;
         loop {
             let got = {
-                let mut tx = self.tx();
+                let mut guard = self.tx();
+                let tx = &mut *guard;
                 let Some(session) = &mut tx.tls else {
                     unreachable!("a TLS connection has a session")
                 };
@@ -968,8 +970,12 @@ impl TcpConn {
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
                         // Nothing decrypted is left: read the socket.
                         let r = session.read_tls(&self.stream);
-                        // Alerts and key updates rustls answers with.
-                        let _ = session.flush(&self.stream);
+                        // Alerts and key updates rustls answers with,
+                        // looked at by the next heartbeat as any write.
+                        if session.wants_write() {
+                            tx.sent_since_look = true;
+                            let _ = session.flush(&self.stream);
+                        }
                         match r {
                             Ok(0) => Got::Ended(None),
                             Ok(n) => {
@@ -1336,12 +1342,9 @@ pub(super) const KEEPALIVE_PROBES_FOR_HEARTBEAT: u32 = 3;
 /// handler) and now sends again, whose peer's acks are on their way. A
 /// peer that stopped reading (a zero window) acknowledges the window
 /// probes, and nothing is in flight meanwhile: that is not silence either.
-///
-/// The soft fabrics' one use of `unsafe`: `TCP_INFO` is not in the
-/// socket crates' safe APIs.
 #[cfg(test)]
 pub(super) fn unacknowledged_for(stream: &TcpStream) -> Option<Duration> {
-    tcp_info(stream).and_then(|info| unacknowledged(&info))
+    tcp_info(stream).and_then(|(info, _)| unacknowledged(&info))
 }
 
 /// See [`unacknowledged_for`].
@@ -1357,9 +1360,13 @@ fn unacknowledged(info: &libc::tcp_info) -> Option<Duration> {
     Some(Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
 }
 
-/// `TCP_INFO` of `stream`, if the kernel gives it.
+/// `TCP_INFO` of `stream`, if the kernel gives it, and whether it gave it
+/// up to `tcpi_notsent_bytes` (Linux 4.6 on; older kernels fill less).
+///
+/// The soft fabrics' one use of `unsafe`: `TCP_INFO` is not in the
+/// socket crates' safe APIs.
 #[allow(unsafe_code)]
-fn tcp_info(stream: &TcpStream) -> Option<libc::tcp_info> {
+fn tcp_info(stream: &TcpStream) -> Option<(libc::tcp_info, bool)> {
     // SAFETY: plain old data; zero is valid.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -1374,7 +1381,9 @@ fn tcp_info(stream: &TcpStream) -> Option<libc::tcp_info> {
             &mut len,
         )
     };
-    (rc == 0).then_some(info)
+    let full = len as usize
+        >= std::mem::offset_of!(libc::tcp_info, tcpi_notsent_bytes) + std::mem::size_of::<u32>();
+    (rc == 0).then_some((info, full))
 }
 
 impl TcpWire {
@@ -1403,8 +1412,11 @@ impl TcpWire {
             tx.sent_since_look = false;
             tx.flushed()
         };
-        let info = tcp_info(&self.conn.stream)?;
-        let settled = flushed && info.tcpi_unacked == 0 && info.tcpi_notsent_bytes == 0;
+        let Some((info, full)) = tcp_info(&self.conn.stream) else {
+            self.conn.tx().settled = false;
+            return None;
+        };
+        let settled = flushed && full && info.tcpi_unacked == 0 && info.tcpi_notsent_bytes == 0;
         // A send meanwhile set `sent_since_look` again: the next look asks.
         self.conn.tx().settled = settled;
         unacknowledged(&info)
