@@ -7,7 +7,7 @@ use crate::fabric::{Probe, RemoteBuf};
 use crate::observe::Side;
 use crate::payload::Payload;
 use crate::protocol::header::{FLAG_LENT, LENT_LEN, Lent};
-use crate::protocol::{Transmit, staging_size};
+use crate::protocol::staging_size;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -540,27 +540,36 @@ impl<F: Fabric> Conn<F> {
             return;
         }
         let peer = self.peer;
-        let post = |qp: &mut F::Qp, run: &[Transmit]| match run {
-            [t] if t.silent => qp.post_probe(t.wr_id, peer.addr, peer.rkey, t.signaled),
-            _ => qp.post_write_imm_batch(run.len(), |i| {
-                let t = &run[i];
-                WriteImm {
-                    wr_id: t.wr_id,
-                    local: t.local.map(|(off, len)| (&*staging, off, len)),
-                    remote_addr: peer.addr + t.remote as u64,
-                    rkey: peer.rkey,
-                    imm: t.imm,
-                    signaled: t.signaled,
-                }
-            }),
+        // A silent heartbeat is another kind of work request. It is only
+        // ever handed out last, and posted at once (`heartbeat_tick`): it
+        // goes alone, after the batch of the writes before it.
+        let (batch, probe) = match transmits.split_last() {
+            Some((last, before)) if last.silent => (before, Some(last)),
+            _ => (transmits, None),
         };
+        debug_assert!(batch.iter().all(|t| !t.silent), "a silent write is last");
         let result = match qp.as_mut() {
-            // A silent heartbeat is another kind of work request: it goes
-            // alone, between the batches of the writes around it.
-            Some(qp) => transmits
-                .chunk_by(|a, b| !a.silent && !b.silent)
-                .try_for_each(|run| post(qp, run))
-                .map_err(|e| e.to_string()),
+            Some(qp) => (if batch.is_empty() {
+                Ok(())
+            } else {
+                qp.post_write_imm_batch(batch.len(), |i| {
+                    let t = &batch[i];
+                    WriteImm {
+                        wr_id: t.wr_id,
+                        local: t.local.map(|(off, len)| (&*staging, off, len)),
+                        remote_addr: peer.addr + t.remote as u64,
+                        rkey: peer.rkey,
+                        imm: t.imm,
+                        signaled: t.signaled,
+                    }
+                })
+            })
+            .and_then(|()| {
+                probe.map_or(Ok(()), |t| {
+                    qp.post_probe(t.wr_id, peer.addr, peer.rkey, t.signaled)
+                })
+            })
+            .map_err(|e| e.to_string()),
             None => Err("queue pair destroyed".to_owned()),
         };
         if let Err(why) = &result {
