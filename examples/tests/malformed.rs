@@ -736,31 +736,29 @@ fn heartbeats_within(raw: &Raw, window: Duration) -> usize {
     beats
 }
 
+/// The heartbeats a raw client on `url` sees within `window` of a server
+/// beating every `interval`, between two echoes that show the connection
+/// in good standing before and after.
+fn idle_beats(url: &str, interval: Option<Duration>, window: Duration) -> usize {
+    let probe = Probe::new();
+    let server = serve(test_server(&probe).heartbeat(interval), url);
+    let mut raw = Raw::connect(server.local_url());
+    raw.echo(b"hello");
+    let beats = heartbeats_within(&raw, window);
+    raw.echo(b"after");
+    drop(raw);
+    bounded("shutdown", move || server.shutdown());
+    beats
+}
+
 on_soft_fabrics! {
     fn an_idle_connection_beats_at_the_configured_interval(url: &str) {
         // Every 100 ms: a beat after 100-150 ms of silence, so 8-10 in a
         // second (fewer if this machine is slow; never none).
-        let probe = Probe::new();
-        let server = serve(
-            test_server(&probe).heartbeat(Some(Duration::from_millis(100))),
-            url,
-        );
-        let mut raw = Raw::connect(server.local_url());
-        raw.echo(b"hello");
-        let beats = heartbeats_within(&raw, Duration::from_secs(1));
+        let beats = idle_beats(url, Some(Duration::from_millis(100)), Duration::from_secs(1));
         assert!((3..=11).contains(&beats), "{beats} heartbeats in 1 s");
-        // Still in good standing.
-        raw.echo(b"after");
-        drop(raw);
-        bounded("shutdown", move || server.shutdown());
-
         // Turned off: none.
-        let server = serve(test_server(&probe).heartbeat(None), url);
-        let mut raw = Raw::connect(server.local_url());
-        raw.echo(b"hello");
-        assert_eq!(heartbeats_within(&raw, Duration::from_millis(1500)), 0);
-        drop(raw);
-        bounded("shutdown", move || server.shutdown());
+        assert_eq!(idle_beats(url, None, Duration::from_millis(1500)), 0);
     }
 }
 
@@ -770,17 +768,12 @@ on_soft_fabrics! {
 #[test]
 fn a_tcp_heartbeat_of_a_second_is_the_kernels_keepalive() {
     watchdog(|| {
-        let probe = Probe::new();
-        let server = serve(
-            test_server(&probe).heartbeat(Some(Duration::from_secs(1))),
+        let beats = idle_beats(
             TCP_ANY,
+            Some(Duration::from_secs(1)),
+            Duration::from_millis(3500),
         );
-        let mut raw = Raw::connect(server.local_url());
-        raw.echo(b"hello");
-        assert_eq!(heartbeats_within(&raw, Duration::from_millis(3500)), 0);
-        raw.echo(b"after");
-        drop(raw);
-        bounded("shutdown", move || server.shutdown());
+        assert_eq!(beats, 0);
     });
 }
 
