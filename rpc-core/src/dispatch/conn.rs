@@ -549,10 +549,9 @@ impl<F: Fabric> Conn<F> {
         };
         debug_assert!(batch.iter().all(|t| !t.silent), "a silent write is last");
         let result = match qp.as_mut() {
-            Some(qp) => (if batch.is_empty() {
-                Ok(())
-            } else {
-                qp.post_write_imm_batch(batch.len(), |i| {
+            // An empty batch (a heartbeat alone) posts nothing.
+            Some(qp) => qp
+                .post_write_imm_batch(batch.len(), |i| {
                     let t = &batch[i];
                     WriteImm {
                         wr_id: t.wr_id,
@@ -563,13 +562,12 @@ impl<F: Fabric> Conn<F> {
                         signaled: t.signaled,
                     }
                 })
-            })
-            .and_then(|()| {
-                probe.map_or(Ok(()), |t| {
-                    qp.post_probe(t.wr_id, peer.addr, peer.rkey, t.signaled)
+                .and_then(|()| {
+                    probe.map_or(Ok(()), |t| {
+                        qp.post_probe(t.wr_id, peer.addr, peer.rkey, t.signaled)
+                    })
                 })
-            })
-            .map_err(|e| e.to_string()),
+                .map_err(|e| e.to_string()),
             None => Err("queue pair destroyed".to_owned()),
         };
         if let Err(why) = &result {

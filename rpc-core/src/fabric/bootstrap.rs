@@ -184,14 +184,34 @@ pub const KEEPALIVE_BOUND: Duration =
 /// sent data may stay unacknowledged, so a host that vanished without
 /// closing the connection is noticed on an idle connection too.
 pub fn set_keepalive(stream: &TcpStream) -> Result<(), FabricError> {
+    keep_alive(
+        stream,
+        Duration::from_secs(u64::from(KEEPALIVE_IDLE_S)),
+        Duration::from_secs(u64::from(KEEPALIVE_INTERVAL_S)),
+        KEEPALIVE_PROBES,
+        Some(KEEPALIVE_BOUND),
+    )
+}
+
+/// Turns on TCP keepalive on `stream`: a first probe after `idle` of
+/// silence, then one every `interval`, the connection failed after
+/// `probes` unanswered; and bounds how long sent data may stay
+/// unacknowledged by `user_timeout` (`None`: no bound of its own).
+pub(crate) fn keep_alive(
+    stream: &TcpStream,
+    idle: Duration,
+    interval: Duration,
+    probes: u32,
+    user_timeout: Option<Duration>,
+) -> Result<(), FabricError> {
     let sock = socket2::SockRef::from(stream);
     let keepalive = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(u64::from(KEEPALIVE_IDLE_S)))
-        .with_interval(Duration::from_secs(u64::from(KEEPALIVE_INTERVAL_S)))
-        .with_retries(KEEPALIVE_PROBES);
+        .with_time(idle)
+        .with_interval(interval)
+        .with_retries(probes);
     sock.set_tcp_keepalive(&keepalive)
         .map_err(|e| FabricError::io("setsockopt(SO_KEEPALIVE)", e))?;
-    sock.set_tcp_user_timeout(Some(KEEPALIVE_BOUND))
+    sock.set_tcp_user_timeout(user_timeout)
         .map_err(|e| FabricError::io("setsockopt(TCP_USER_TIMEOUT)", e))
 }
 

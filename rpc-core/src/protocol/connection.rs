@@ -537,9 +537,7 @@ impl Sender {
         let wr_id = if silent {
             // No ack taken: the peer sees nothing of it.
             let wr_id = self.push(None, 0, 0, false);
-            if let Some(t) = self.transmits.last_mut() {
-                t.silent = true;
-            }
+            self.transmits.last_mut().expect("just pushed").silent = true;
             wr_id
         } else {
             self.push_credit(true)

@@ -1437,16 +1437,14 @@ impl TcpWire {
         if secs == 0 {
             return Ok(Probe::Doorbell);
         }
-        let sock = socket2::SockRef::from(&self.conn.stream);
         let every = Duration::from_secs(secs);
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(every)
-            .with_interval(every)
-            .with_retries(KEEPALIVE_PROBES_FOR_HEARTBEAT);
-        sock.set_tcp_keepalive(&keepalive)
-            .map_err(|e| FabricError::io("setsockopt(SO_KEEPALIVE)", e))?;
-        sock.set_tcp_user_timeout(None)
-            .map_err(|e| FabricError::io("setsockopt(TCP_USER_TIMEOUT)", e))?;
+        bootstrap::keep_alive(
+            &self.conn.stream,
+            every,
+            every,
+            KEEPALIVE_PROBES_FOR_HEARTBEAT,
+            None,
+        )?;
         Ok(Probe::Transport)
     }
 

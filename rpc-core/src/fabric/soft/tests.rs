@@ -195,6 +195,14 @@ fn a_peer_that_stops_reading_is_not_silent() {
     }
 }
 
+/// The tcp:// wire of a soft queue pair.
+fn tcp_wire(qp: &SoftQp) -> &tcp::TcpWire {
+    match &qp.wire {
+        Wire::Tcp(w) => w,
+        Wire::Mem(_) => panic!("a tcp:// queue pair"),
+    }
+}
+
 #[test]
 fn heartbeats_of_a_second_or_more_are_tcp_keepalive() {
     let mut m = soft_pair("mem://soft-probe", DEFAULT_RNR_TIMEOUT);
@@ -213,10 +221,7 @@ fn heartbeats_of_a_second_or_more_are_tcp_keepalive() {
         p.cqp.probe_every(Duration::from_millis(2500)).unwrap(),
         Probe::Transport
     );
-    let Wire::Tcp(w) = &p.cqp.wire else {
-        panic!("a tcp:// queue pair")
-    };
-    let sock = socket2::SockRef::from(w.stream());
+    let sock = socket2::SockRef::from(tcp_wire(&p.cqp).stream());
     assert!(sock.keepalive().unwrap());
     assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
     assert_eq!(
@@ -234,9 +239,7 @@ fn heartbeats_of_a_second_or_more_are_tcp_keepalive() {
 fn a_quiet_tcp_connection_is_looked_at_again_only_after_a_send() {
     let mut p = soft_pair("tcp://127.0.0.1:0", DEFAULT_RNR_TIMEOUT);
     let settles = |p: &c::Pair<SoftFabric>| {
-        let Wire::Tcp(w) = &p.cqp.wire else {
-            panic!("a tcp:// queue pair")
-        };
+        let w = tcp_wire(&p.cqp);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(5) {
             assert_eq!(w.unacknowledged_for(), None, "a live peer");
@@ -258,17 +261,11 @@ fn a_quiet_tcp_connection_is_looked_at_again_only_after_a_send() {
     sent(&mut p, 1);
     assert!(settles(&p), "acknowledged, and nothing sent since");
     // A send makes the next look ask the kernel again.
-    let Wire::Tcp(w) = &p.cqp.wire else {
-        panic!("a tcp:// queue pair")
-    };
-    w.unacknowledged_for();
-    assert!(w.settled());
+    tcp_wire(&p.cqp).unacknowledged_for();
+    assert!(tcp_wire(&p.cqp).settled());
     sent(&mut p, 2);
-    let Wire::Tcp(w) = &p.cqp.wire else {
-        panic!("a tcp:// queue pair")
-    };
-    assert!(w.settled(), "not looked at yet");
-    w.unacknowledged_for();
+    assert!(tcp_wire(&p.cqp).settled(), "not looked at yet");
+    tcp_wire(&p.cqp).unacknowledged_for();
     assert!(settles(&p));
 }
 
