@@ -16,7 +16,7 @@ pub(crate) use conn::staging_limit;
 pub(crate) use conn::{Conn, OutFrame};
 use handoff::PollHandoff;
 pub(crate) use spin::AdaptiveSpin;
-use spin::{POLL_NAP, spin_pause};
+use spin::{POLL_NAP, crowded_pause, spin_pause};
 use srq::SrqProvision;
 use wake::Corked;
 
@@ -430,8 +430,9 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// none came for the spin time (counted from `since`, when given, or
     /// else from when the queue is first found empty); returns `done()`.
     /// Meanwhile the poller
-    /// thread naps instead of competing for the queue. One caller polls at
-    /// a time: if another already does, returns at once.
+    /// thread naps instead of competing for the queue. Every blocked caller
+    /// polls; while others do too, each gives up its core after every look
+    /// ([`crowded_pause`]).
     ///
     /// `others_waiting()` tells, once the last polling caller stops, whether
     /// anyone else still needs completions handled: then the poller thread
@@ -461,7 +462,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                     return true;
                 }
             }
-            spin_pause(&mut spins);
+            if self.poll.callers_polling() > 1 {
+                crowded_pause(&mut spins);
+            } else {
+                spin_pause(&mut spins);
+            }
             false
         };
         self.poll.poll_until(

@@ -22,6 +22,19 @@ pub(super) fn spin_pause(spins: &mut u32) {
     }
 }
 
+/// [`spin_pause`] for a blocked caller while other callers poll too: lets
+/// another thread run after every look. Callers that outnumber the cores
+/// (four threads making blocking calls on two cores, one of them the
+/// server's dispatcher) then take turns within microseconds, each finding
+/// its response completed by whoever turned the queue, instead of one
+/// polling while the others sleep and are woken one by one (a futex wake
+/// and a context switch for nearly every call), or spinning out a time
+/// slice. Where cores are free a yield returns at once.
+pub(super) fn crowded_pause(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    std::thread::yield_now();
+}
+
 /// Longest wait that adaptive spinning covers: beyond it, sleeping is
 /// cheaper than spinning.
 pub(super) const ADAPTIVE_SPIN_MAX: Duration = Duration::from_millis(1);
