@@ -104,14 +104,16 @@ impl Ep {
 
     /// `UnaryCall::wait`: polls for the response until a turn finds
     /// nothing (the spin time, in a model without a clock), then sleeps on
-    /// the slot.
-    fn wait(&self, slot: Slot) -> Outcome {
+    /// the slot; with `crowd`, alongside other polling callers, else only
+    /// if none polls.
+    fn wait(&self, slot: Slot, crowd: bool) -> Outcome {
         self.poll.poll_until(
             || slot.is_done(),
             || self.stop.load(Ordering::Acquire),
             |_| self.turn(),
             |progress| !progress,
             || !self.calls.table.lock().unwrap().is_empty(),
+            crowd,
         );
         self.calls.wait(slot)
     }
@@ -150,10 +152,10 @@ impl Ep {
     }
 }
 
-/// Two callers wait for their calls with the poller running; `early`
-/// responses are in the queue before anyone looks, the others arrive
-/// meanwhile.
-fn two_callers(early: &'static [bool; 2]) {
+/// Two callers wait for their calls with the poller running, polling side
+/// by side if `crowd`; `early` responses are in the queue before anyone
+/// looks, the others arrive meanwhile.
+fn two_callers(early: &'static [bool; 2], crowd: bool) {
     loom::model(move || {
         let ep = Arc::new(Ep::default());
         let (a, slot_a) = ep.calls.start(None);
@@ -164,9 +166,9 @@ fn two_callers(early: &'static [bool; 2]) {
         }
         let poller = ep.start();
         let e = ep.clone();
-        let caller_a = thread::spawn(move || e.wait(slot_a));
+        let caller_a = thread::spawn(move || e.wait(slot_a, crowd));
         let e = ep.clone();
-        let caller_b = thread::spawn(move || e.wait(slot_b));
+        let caller_b = thread::spawn(move || e.wait(slot_b, crowd));
         for (&(id, value), _) in responses.iter().zip(early).filter(|(_, e)| !**e) {
             ep.cq.post(id, value);
         }
@@ -183,13 +185,25 @@ fn two_callers(early: &'static [bool; 2]) {
 /// first caller finishes polling while the second still waits.
 #[test]
 fn last_polling_caller_hands_over_to_the_poller() {
-    two_callers(&[true, false]);
+    two_callers(&[true, false], false);
+}
+
+/// The same with both callers polling.
+#[test]
+fn last_of_a_crowd_of_callers_hands_over_to_the_poller() {
+    two_callers(&[true, false], true);
 }
 
 /// Both responses come while the callers poll or sleep.
 #[test]
 fn callers_that_give_up_polling_hand_over() {
-    two_callers(&[false, false]);
+    two_callers(&[false, false], false);
+}
+
+/// The same with both callers polling.
+#[test]
+fn a_crowd_of_callers_that_give_up_polling_hands_over() {
+    two_callers(&[false, false], true);
 }
 
 /// A blocked caller and an awaiting one, the awaiting one's response
@@ -203,7 +217,7 @@ fn awaiting_caller_hands_over_to_the_poller() {
         ep.cq.post(a, 1);
         let poller = ep.start();
         let e = ep.clone();
-        let caller_a = thread::spawn(move || e.wait(slot_a));
+        let caller_a = thread::spawn(move || e.wait(slot_a, true));
         let e = ep.clone();
         let caller_b = thread::spawn(move || e.wait_async(slot_b));
         ep.cq.post(b, 2);

@@ -117,12 +117,15 @@ impl<S> PollHandoff<S> {
 
     /// Turns the queue with `turn` until `done()` holds, `stopped()` holds,
     /// or `idle(progress)` says to give up (it is told after each turn
-    /// whether that turn handled anything); returns `done()`. Every blocked
-    /// caller polls: one at a time holds the state and turns the queue
-    /// (completing the others' calls too), the others find it held, look
-    /// at their own call and go round again, so a response that another
-    /// caller's turn completes reaches its caller with no wake-up (see
-    /// `idle` in `Endpoint::poll_until` for how they share cores).
+    /// whether that turn handled anything); returns `done()`.
+    ///
+    /// With `crowd`, every blocked caller polls: one at a time holds the
+    /// state and turns the queue (completing the others' calls too), the
+    /// others find it held, look at their own call and go round again, so a
+    /// response that another caller's turn completes reaches its caller
+    /// with no wake-up (see `idle` in `Endpoint::poll_until` for how they
+    /// share cores). Without it, a caller that finds another polling
+    /// returns at once, to sleep until that one completes its call.
     ///
     /// `others_waiting()` tells, once the last polling caller stops, whether
     /// anyone else still needs completions handled: then the poller is asked
@@ -134,9 +137,21 @@ impl<S> PollHandoff<S> {
         mut turn: impl FnMut(&mut S) -> usize,
         mut idle: impl FnMut(bool) -> bool,
         others_waiting: impl FnOnce() -> bool,
+        crowd: bool,
     ) -> bool {
-        self.callers_polling.fetch_add(1, Ordering::SeqCst);
+        let prior = self.callers_polling.fetch_add(1, Ordering::SeqCst);
         let counted = PollingCaller(&self.callers_polling);
+        if prior > 0 && !crowd {
+            // Another caller polls, and completes this call too. But it may
+            // have stopped meanwhile, seeing this one still counted: then
+            // this one is the last to leave, and hands over as it would
+            // have.
+            let finished = done();
+            if counted.leave() && (!finished || others_waiting()) {
+                self.ensure_polled();
+            }
+            return finished;
+        }
         let finished = loop {
             if done() {
                 break true;

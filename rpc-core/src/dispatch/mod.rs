@@ -430,9 +430,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// none came for the spin time (counted from `since`, when given, or
     /// else from when the queue is first found empty); returns `done()`.
     /// Meanwhile the poller
-    /// thread naps instead of competing for the queue. Every blocked caller
-    /// polls; while others do too, each gives up its core after every look
-    /// ([`crowded_pause`]).
+    /// thread naps instead of competing for the queue. While recent waits
+    /// were short every blocked caller polls, and while others do too, each
+    /// gives up its core after every look ([`crowded_pause`]); after long
+    /// ones a caller that finds another polling sleeps at once instead of
+    /// spinning out its time beside it.
     ///
     /// `others_waiting()` tells, once the last polling caller stops, whether
     /// anyone else still needs completions handled: then the poller thread
@@ -475,6 +477,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             |st| self.turn(st),
             idle,
             others_waiting,
+            self.call_waits.short(),
         )
     }
 

@@ -29,7 +29,10 @@ pub(super) fn spin_pause(spins: &mut u32) {
 /// its response completed by whoever turned the queue, instead of one
 /// polling while the others sleep and are woken one by one (a futex wake
 /// and a context switch for nearly every call), or spinning out a time
-/// slice. Where cores are free a yield returns at once.
+/// slice. Where cores are free a yield returns at once. Only while waits
+/// are short ([`AdaptiveSpin::short`]): with slow calls, callers beyond
+/// the first sleep at once, as each one polling would spin out the
+/// configured time for every call.
 pub(super) fn crowded_pause(spins: &mut u32) {
     *spins = spins.wrapping_add(1);
     std::thread::yield_now();
@@ -61,6 +64,12 @@ impl AdaptiveSpin {
             .store(old - old / 8 + new / 8, Ordering::Relaxed);
     }
 
+    /// Whether recent waits were short enough to spin through (none yet
+    /// counts as short).
+    pub(crate) fn short(&self) -> bool {
+        self.average_ns.load(Ordering::Relaxed) <= ADAPTIVE_SPIN_MAX.as_nanos() as u64
+    }
+
     /// How long to spin, at least `base`.
     pub(crate) fn budget(&self, base: Duration) -> Duration {
         let average = Duration::from_nanos(self.average_ns.load(Ordering::Relaxed));
@@ -81,6 +90,7 @@ mod tests {
         let base = Duration::from_micros(50);
         let spin = AdaptiveSpin::default();
         assert_eq!(spin.budget(base), base, "no history: the configured spin");
+        assert!(spin.short(), "no history counts as short waits");
         for _ in 0..64 {
             spin.record(Duration::from_micros(200));
         }
@@ -89,6 +99,7 @@ mod tests {
             b > Duration::from_micros(300) && b <= Duration::from_micros(400),
             "short waits: spin about twice as long, got {b:?}"
         );
+        assert!(spin.short());
         for _ in 0..64 {
             spin.record(Duration::from_millis(20));
         }
@@ -97,6 +108,7 @@ mod tests {
             base,
             "long waits: back to the configured spin"
         );
+        assert!(!spin.short(), "long waits: blocked callers do not crowd");
         let long_base = Duration::from_millis(5);
         assert_eq!(
             spin.budget(long_base),
