@@ -2414,6 +2414,7 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                                 this.spin_from = Some(now);
                             }
                             let from = this.spin_from.unwrap_or(started);
+                            crate::dispatch::future_spin_yield(now);
                             now.duration_since(from) < c.spin_budget()
                         }
                         None => false,

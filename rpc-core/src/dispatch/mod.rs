@@ -15,7 +15,7 @@ pub use config::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 pub(crate) use conn::staging_limit;
 pub(crate) use conn::{Conn, OutFrame};
 use handoff::PollHandoff;
-pub(crate) use spin::AdaptiveSpin;
+pub(crate) use spin::{AdaptiveSpin, future_spin_yield};
 use spin::{POLL_NAP, crowded_pause, spin_pause};
 use srq::SrqProvision;
 use wake::Corked;
