@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 /// The usage message (printed with exit code 2 on bad arguments).
 pub const USAGE: &str = "\
-usage: rpc-bench --url URL --size BYTES --calls N --concurrency C
+usage: rpc-bench --url URL --size BYTES --calls N --concurrency C [--tokio]
                  [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
                  [--ring-size BYTES] [--rendezvous-above BYTES]
@@ -44,6 +44,9 @@ process, alternating with ours in up to 5 rounds; perftest runs afterwards):
   perftest  ib_write_lat and ib_write_bw on the device of an rdma:// URL
   channel   a crossbeam-channel ping-pong between two threads
   plaintext rdma-rpc itself without TLS, on the same URL (with --tls)
+--tokio makes our calls from C tasks spawned on a multi-thread tokio runtime
+(a worker per core), as the tonic baseline's are, instead of C lanes joined
+on one thread; its records name the fabric tcp-tokio (mem-tokio, ...).
 --url grpc-face:// measures tonic's clients against our server's gRPC face
 (ServerBuilder::grpc) instead of our clients; with --baseline tonic, against
 tonic's own server in the same run.
@@ -105,6 +108,9 @@ pub struct Options {
     pub stream_len: Option<u64>,
     /// Ours runs over TLS (`--tls`).
     pub tls: bool,
+    /// Our calls are made from tasks on a multi-thread tokio runtime
+    /// (`--tokio`).
+    pub tokio: bool,
 }
 
 impl Options {
@@ -123,21 +129,23 @@ impl Options {
         let mut stream = false;
         let mut stream_len = None;
         let mut tls = false;
+        let mut tokio = false;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             let (name, inline_value) = match arg.split_once('=') {
                 Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
                 _ => (arg.clone(), None),
             };
-            if name == "--stream" || name == "--tls" {
+            if let Some(flag) = match name.as_str() {
+                "--stream" => Some(&mut stream),
+                "--tls" => Some(&mut tls),
+                "--tokio" => Some(&mut tokio),
+                _ => None,
+            } {
                 if inline_value.is_some() {
                     return Err(format!("{name} takes no value"));
                 }
-                if name == "--tls" {
-                    tls = true;
-                } else {
-                    stream = true;
-                }
+                *flag = true;
                 continue;
             }
             let mut value = || {
@@ -231,6 +239,9 @@ impl Options {
         if tls && url.starts_with("mem://") {
             return Err("--tls: mem:// has no TLS".into());
         }
+        if tokio && (stream || url.starts_with("grpc-face://")) {
+            return Err("--tokio: for our unary calls only".into());
+        }
         Ok(Some(Options {
             url,
             size: size as usize,
@@ -244,6 +255,7 @@ impl Options {
             stream,
             stream_len,
             tls,
+            tokio,
         }))
     }
 

@@ -38,6 +38,11 @@ pub const FABRICS: &[(&str, Kind, &str)] = &[
         "rdma-rpc on tcp:// in the clear; ours: tcp:// over TLS",
     ),
     (
+        "tcp-tokio",
+        Kind::Tonic,
+        "tonic (gRPC) on loopback TCP; ours: tcp://, calls from tasks on a multi-thread tokio runtime, as tonic's",
+    ),
+    (
         "grpc-face",
         Kind::Tonic,
         "tonic's own server; ours: our server's gRPC face (tonic's clients both)",

@@ -17,6 +17,11 @@
 //! call blocks in `UnaryCall::wait`, as a synchronous caller's does: the
 //! waiting thread polls for its own response.
 //!
+//! With `--tokio` the lanes are tasks spawned on a multi-thread tokio
+//! runtime instead (a worker per core), as the tonic baseline's are and as
+//! an async service would make its calls: what the runtime does when the
+//! callers' threads are the executor's, not one driver.
+//!
 //! The clock runs from just before the call is issued (encoding included)
 //! to its decoded reply; building the request payload and checking the
 //! echo happen outside it, but inside the wall-clock time that `rps` is
@@ -57,6 +62,9 @@ pub struct RpcRun {
     pub tuning: Tuning,
     /// TLS for server and clients (None: plaintext).
     pub tls: Option<crate::tls::TestPki>,
+    /// Unary calls are made from tasks on a multi-thread tokio runtime
+    /// (`--tokio`) instead of lanes joined on one thread.
+    pub tokio: bool,
 }
 
 /// Settings a run may change for an experiment (`--spin-us`,
@@ -149,6 +157,8 @@ pub struct RpcBench {
     url: String,
     params: Params,
     tls: bool,
+    /// The runtime `--tokio` makes the calls from.
+    tokio: Option<tokio::runtime::Runtime>,
 }
 
 impl RpcBench {
@@ -185,6 +195,15 @@ impl RpcBench {
             url,
             params: run.params,
             tls: run.tls.is_some(),
+            tokio: match run.tokio {
+                true => Some(
+                    tokio::runtime::Builder::new_multi_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| format!("cannot start a tokio runtime: {e}"))?,
+                ),
+                false => None,
+            },
         })
     }
 
@@ -193,11 +212,16 @@ impl RpcBench {
         &self.url
     }
 
-    /// The URL's fabric: `mem`, `tcp` or `rdma`; `tls` for tcp:// over TLS.
-    pub fn fabric(&self) -> &str {
-        match self.url.split("://").next().unwrap_or("") {
+    /// The URL's fabric: `mem`, `tcp` or `rdma`; `tls` for tcp:// over TLS;
+    /// with `-tokio` added when the calls come from tokio tasks.
+    pub fn fabric(&self) -> String {
+        let fabric = match self.url.split("://").next().unwrap_or("") {
             "tcp" if self.tls => "tls",
             other => other,
+        };
+        match self.tokio {
+            Some(_) => format!("{fabric}-tokio"),
+            None => fabric.to_owned(),
         }
     }
 }
@@ -206,7 +230,10 @@ impl Bench for RpcBench {
     fn round(&mut self, first: u64, calls: u64) -> (Tally, Duration) {
         let p = &self.params;
         match p.mode {
-            Mode::Unary => drive(&self.clients, p.size, first, calls, p.concurrency),
+            Mode::Unary => match &self.tokio {
+                Some(rt) => drive_tokio(rt, &self.clients, p.size, first, calls, p.concurrency),
+                None => drive(&self.clients, p.size, first, calls, p.concurrency),
+            },
             Mode::Stream => {
                 drive_streams(&self.clients, p.size, calls, p.concurrency, p.stream_len)
             }
@@ -230,7 +257,7 @@ pub fn run(run: &RpcRun) -> Result<Measurement, String> {
     let mut bench = RpcBench::start(run)?;
     let (totals, _) = interleave(&mut bench, None, &run.params, 1);
     let url = bench.url().to_owned();
-    let fabric = bench.fabric().to_owned();
+    let fabric = bench.fabric();
     drop(bench);
     Ok(Measurement::from_totals(
         Kind::Rpc,
@@ -293,6 +320,55 @@ pub fn drive(
     let start = Instant::now();
     futures::executor::block_on(futures::future::join_all(lanes));
     (tally.into_inner(), start.elapsed())
+}
+
+/// [`drive`]'s calls from `concurrency` tasks spawned on `rt` (each
+/// making calls one after another until `calls` were made), as the tonic
+/// baseline drives its own.
+pub fn drive_tokio(
+    rt: &tokio::runtime::Runtime,
+    clients: &[EchoClient],
+    size: usize,
+    first: u64,
+    calls: u64,
+    concurrency: usize,
+) -> (Tally, Duration) {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(first));
+    let end = first + calls;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency.max(1))
+        .map(|lane| {
+            let client = clients[lane % clients.len()].clone();
+            let next = next.clone();
+            rt.spawn(async move {
+                let mut tally = Tally::default();
+                loop {
+                    let seq = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if seq >= end {
+                        break;
+                    }
+                    let request = EchoRequest {
+                        payload: payload::make(size, seq).into(),
+                    };
+                    let t = Instant::now();
+                    let reply = client.echo(request).await;
+                    let latency = t.elapsed();
+                    let outcome =
+                        payload::outcome(reply.map(|r| r.into_inner().payload), size, seq);
+                    tally.record(latency, outcome);
+                }
+                tally
+            })
+        })
+        .collect();
+    let mut total = Tally::default();
+    for task in tasks {
+        match rt.block_on(task) {
+            Ok(t) => total.merge(t),
+            Err(e) => total.record_failures(1, format!("client task failed: {e}")),
+        }
+    }
+    (total, start.elapsed())
 }
 
 /// Reads `messages` messages of `size` bytes from echo `Stream` calls,

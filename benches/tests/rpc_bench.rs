@@ -37,13 +37,33 @@ fn assert_sane(m: &Measurement, calls: u64) {
 }
 
 fn ours(url: &str, p: Params) -> Measurement {
+    ours_from(url, p, false)
+}
+
+/// Our run, its calls made from tokio tasks with `tokio`.
+fn ours_from(url: &str, p: Params, tokio: bool) -> Measurement {
     benches::rpc::run(&RpcRun {
         url: url.into(),
         params: p,
         tuning: Default::default(),
         tls: None,
+        tokio,
     })
     .expect("server and connections come up")
+}
+
+/// `--tokio`: every call made from the runtime's tasks succeeds, and the
+/// records say how they were made.
+#[test]
+fn calls_from_tokio_tasks() {
+    for (url, fabric) in [
+        ("mem://rpc-bench-tokio", "mem-tokio"),
+        ("tcp://127.0.0.1:0", "tcp-tokio"),
+    ] {
+        let m = ours_from(url, params(500, 8, 2), true);
+        assert_sane(&m, 500);
+        assert_eq!(m.fabric, fabric);
+    }
 }
 
 #[test]
@@ -81,6 +101,7 @@ fn large_payloads() {
         params: p,
         tuning: Default::default(),
         tls: None,
+        tokio: false,
     })
     .unwrap();
     assert_sane(&m, 50);
@@ -160,6 +181,16 @@ fn binary_prints_lines_writes_json_and_exits_2_on_bad_args() {
             "--baseline",
             "perftest",
         ],
+        &[
+            "--stream",
+            "--url",
+            "mem://x",
+            "--size",
+            "64",
+            "--calls",
+            "10",
+            "--tokio",
+        ],
     ] {
         let out = Command::new(bin).args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
@@ -220,6 +251,7 @@ fn streams_deliver_every_message() {
                 params: p,
                 tuning: Default::default(),
                 tls: None,
+                tokio: false,
             };
             benches.push((url.into(), Box::new(RpcBench::start(&run).unwrap())));
         }

@@ -62,6 +62,7 @@ fn run(o: &Options) -> i32 {
         params,
         tuning: o.tuning,
         tls,
+        tokio: o.tokio,
     };
     // `grpc-face://`: tonic's clients against our server's gRPC face.
     let started: Result<(Box<dyn Bench>, String, String), String> =
@@ -72,7 +73,7 @@ fn run(o: &Options) -> i32 {
             })
         } else {
             RpcBench::start(&run).map(|b| {
-                let (fabric, url) = (b.fabric().to_owned(), b.url().to_owned());
+                let (fabric, url) = (b.fabric(), b.url().to_owned());
                 (Box::new(b) as Box<dyn Bench>, fabric, url)
             })
         };
