@@ -306,13 +306,7 @@ pub fn drive(
                     break;
                 }
                 next.set(seq + 1);
-                let request = EchoRequest {
-                    payload: payload::make(size, seq).into(),
-                };
-                let start = Instant::now();
-                let reply = client.echo(request).await;
-                let latency = start.elapsed();
-                let outcome = payload::outcome(reply.map(|r| r.into_inner().payload), size, seq);
+                let (latency, outcome) = timed_echo(client, size, seq).await;
                 tally.borrow_mut().record(latency, outcome);
             }
         }
@@ -347,28 +341,30 @@ pub fn drive_tokio(
                     if seq >= end {
                         break;
                     }
-                    let request = EchoRequest {
-                        payload: payload::make(size, seq).into(),
-                    };
-                    let t = Instant::now();
-                    let reply = client.echo(request).await;
-                    let latency = t.elapsed();
-                    let outcome =
-                        payload::outcome(reply.map(|r| r.into_inner().payload), size, seq);
+                    let (latency, outcome) = timed_echo(&client, size, seq).await;
                     tally.record(latency, outcome);
                 }
                 tally
             })
         })
         .collect();
-    let mut total = Tally::default();
-    for task in tasks {
-        match rt.block_on(task) {
-            Ok(t) => total.merge(t),
-            Err(e) => total.record_failures(1, format!("client task failed: {e}")),
-        }
-    }
-    (total, start.elapsed())
+    (
+        rt.block_on(crate::tonic_baseline::join(tasks)),
+        start.elapsed(),
+    )
+}
+
+/// One echo call of a `size`-byte payload numbered `seq`: its latency, from
+/// just before it is issued to its reply, and whether the echo is right.
+async fn timed_echo(client: &EchoClient, size: usize, seq: u64) -> (Duration, Result<(), String>) {
+    let request = EchoRequest {
+        payload: payload::make(size, seq).into(),
+    };
+    let start = Instant::now();
+    let reply = client.echo(request).await;
+    let latency = start.elapsed();
+    let outcome = payload::outcome(reply.map(|r| r.into_inner().payload), size, seq);
+    (latency, outcome)
 }
 
 /// Reads `messages` messages of `size` bytes from echo `Stream` calls,

@@ -318,7 +318,7 @@ async fn drive_streams(
 }
 
 /// Adds up the tallies of the client tasks.
-async fn join(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
+pub(crate) async fn join(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
     let mut total = Tally::default();
     for task in tasks {
         match task.await {

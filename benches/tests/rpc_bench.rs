@@ -182,14 +182,7 @@ fn binary_prints_lines_writes_json_and_exits_2_on_bad_args() {
             "perftest",
         ],
         &[
-            "--stream",
-            "--url",
-            "mem://x",
-            "--size",
-            "64",
-            "--calls",
-            "10",
-            "--tokio",
+            "--stream", "--url", "mem://x", "--size", "64", "--calls", "10", "--tokio",
         ],
     ] {
         let out = Command::new(bin).args(bad).output().unwrap();
