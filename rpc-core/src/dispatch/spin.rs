@@ -129,19 +129,24 @@ impl AdaptiveSpin {
             .store(old - old / 8 + new / 8, Ordering::Relaxed);
     }
 
+    /// The average of recent waits if it is short enough to spin through
+    /// (up to [`ADAPTIVE_SPIN_MAX`]; with none yet, zero).
+    fn short_average(&self) -> Option<Duration> {
+        let average = Duration::from_nanos(self.average_ns.load(Ordering::Relaxed));
+        (average <= ADAPTIVE_SPIN_MAX).then_some(average)
+    }
+
     /// Whether recent waits were short enough to spin through (none yet
     /// counts as short).
     pub(crate) fn short(&self) -> bool {
-        self.average_ns.load(Ordering::Relaxed) <= ADAPTIVE_SPIN_MAX.as_nanos() as u64
+        self.short_average().is_some()
     }
 
     /// How long to spin, at least `base`.
     pub(crate) fn budget(&self, base: Duration) -> Duration {
-        let average = Duration::from_nanos(self.average_ns.load(Ordering::Relaxed));
-        if average > ADAPTIVE_SPIN_MAX {
-            base
-        } else {
-            base.max(average * 2).min(base.max(ADAPTIVE_SPIN_MAX))
+        match self.short_average() {
+            Some(average) => base.max(average * 2).min(base.max(ADAPTIVE_SPIN_MAX)),
+            None => base,
         }
     }
 }
