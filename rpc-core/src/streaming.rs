@@ -14,7 +14,7 @@
 
 use crate::dispatch::{OutFrame, encode_exact};
 use crate::protocol::stream::{
-    Inbound, MAX_BATCH, RECORD_PREFIX, Records, RecvWindow, SendWindow, StreamError,
+    Inbound, MAX_BATCH, PIPELINED_MAX, RECORD_PREFIX, Records, RecvWindow, SendWindow, StreamError,
 };
 use crate::protocol::{CallId, FrameKind, Header, SendError};
 use crate::{Code, Metadata, Request, Response, Status};
@@ -594,6 +594,14 @@ impl Outbox {
         Poll::Ready(Ok(()))
     }
 
+    /// Whether a message above [`PIPELINED_MAX`], encoded ahead to be lent,
+    /// waits for the window (which it takes alone).
+    fn waits_alone(&self) -> bool {
+        self.lent
+            .as_ref()
+            .is_some_and(|buf| buf.len() as u64 > PIPELINED_MAX)
+    }
+
     /// Sends the gathered messages as one `Message` frame once the window
     /// allows it, or the message encoded ahead to be lent. The write may
     /// stay corked until [`Outbox::flush`].
@@ -758,6 +766,21 @@ impl<M: prost::Message> Producer<M> {
         while self.end.is_none() && budget > 0 {
             let message = match self.next.take() {
                 Some(m) => m,
+                // A message that goes alone (above `PIPELINED_MAX`) is
+                // encoded ahead and waits for the one before to be read:
+                // the next is produced once it went, not now. A third
+                // message of hundreds of megabytes would only hold memory
+                // and take the CPU from the read under way (smaller ones
+                // are produced ahead: two of them travel at once, and
+                // producing the next meanwhile keeps that pipeline full).
+                None if outbox.waits_alone() => match outbox.poll_send_batch(cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(status)) => return Poll::Ready(stopped(status, outbox)),
+                    Poll::Pending if outbox.core.watch_over(cx) => {
+                        return Poll::Ready(StreamEnd::Over);
+                    }
+                    Poll::Pending => return Poll::Pending,
+                },
                 None => match stream.as_mut().poll_next(cx) {
                     Poll::Ready(Some(Ok(m))) => m,
                     Poll::Ready(Some(Err(status))) => {

@@ -373,7 +373,7 @@ impl TcpIo {
             return; // closed meanwhile
         };
         if writable {
-            conn.flush();
+            conn.flush(cq);
         }
         if readable {
             match conn.read_ready(scratch, cq) {
@@ -773,8 +773,9 @@ impl TcpConn {
         Ok(())
     }
 
-    /// Writes what is queued, as far as the socket takes it.
-    fn flush(&self) {
+    /// Writes what is queued, as far as the socket takes it; a socket that
+    /// failed fails the queue pair, told on `cq` (the polling thread's).
+    fn flush(&self, cq: &CqInner) {
         let mut tx = self.tx();
         // Whatever it writes (a TLS session's own records too) is looked
         // at by the next heartbeat.
@@ -785,22 +786,23 @@ impl TcpConn {
         if tx.pump(&self.stream).is_err() {
             tx.failed = true;
             drop(tx);
-            self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, None);
+            // Told now: the read that finds the socket closed next would
+            // find the queue pair dead already and tell nobody, leaving
+            // its calls (and a cancel the peer sent before it went) unheard.
+            self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, cq);
         }
     }
 
     /// The queue pair failed: tells the dispatcher once, with an error
-    /// completion on `cq` (when given: the reading thread passes the queue).
-    fn fail_local(&self, wr_id: u64, kind: CompletionKind, status: WcStatus, cq: Option<&CqInner>) {
+    /// completion on `cq` (the polling thread's queue).
+    fn fail_local(&self, wr_id: u64, kind: CompletionKind, status: WcStatus, cq: &CqInner) {
         if !self.dead.swap(true, Ordering::AcqRel) {
-            if let Some(cq) = cq {
-                cq.push(Completion {
-                    wr_id,
-                    qp_num: self.qp_num,
-                    kind,
-                    status,
-                });
-            }
+            cq.push(Completion {
+                wr_id,
+                qp_num: self.qp_num,
+                kind,
+                status,
+            });
         }
         self.tx().failed = true;
         let _ = self.stream.shutdown(Shutdown::Both);
@@ -925,7 +927,7 @@ impl TcpConn {
     /// connection fails.
     fn end_read(&self, rx: &mut Rx, cq: &CqInner) -> ReadOutcome {
         rx.state = RxState::Done;
-        self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
+        self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, cq);
         ReadOutcome::Closed
     }
 
@@ -1034,7 +1036,7 @@ impl TcpConn {
                             let status = WcStatus::Other {
                                 vendor: other as u32,
                             };
-                            self.fail_local(0, CompletionKind::Send, status, Some(cq));
+                            self.fail_local(0, CompletionKind::Send, status, cq);
                             return Parsed::Stop;
                         }
                     };
@@ -1124,7 +1126,7 @@ impl TcpConn {
                     );
                     rx.state = RxState::Done;
                     let status = WcStatus::Other { vendor: 0 };
-                    self.fail_local(wr_id, CompletionKind::Read, status, Some(cq));
+                    self.fail_local(wr_id, CompletionKind::Read, status, cq);
                     return Step::Stop;
                 };
                 rx.state = RxState::ReadData(InRead {
@@ -1140,12 +1142,7 @@ impl TcpConn {
             }
             TAG_NAK => {
                 rx.state = RxState::Done;
-                self.fail_local(
-                    u64_at(1),
-                    CompletionKind::Send,
-                    status_from(head[9]),
-                    Some(cq),
-                );
+                self.fail_local(u64_at(1), CompletionKind::Send, status_from(head[9]), cq);
                 Step::Stop
             }
             tag => {
@@ -1253,7 +1250,7 @@ impl TcpConn {
                     .is_err()
                 {
                     rx.state = RxState::Done;
-                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, Some(cq));
+                    self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, cq);
                     return Step::Stop;
                 }
                 Step::Go

@@ -188,7 +188,7 @@ impl Harness {
             }
             let outcome = conn.read_ready(&mut self.scratch, cq);
             // What it sent back, as the poller flushes on a writable socket.
-            conn.flush();
+            conn.flush(cq);
             read_all(&theirs, &mut out.sent_back);
             match outcome {
                 ReadOutcome::Drained => {}
@@ -202,7 +202,7 @@ impl Harness {
         }
         // What is still queued for the peer goes out before the close.
         loop {
-            conn.flush();
+            conn.flush(cq);
             read_all(&theirs, &mut out.sent_back);
             let tx = conn.tx();
             if tx.flushed() || tx.failed {
