@@ -2077,8 +2077,8 @@ pub struct UnaryCall<T> {
     /// Callers' turns of the queue as of this call's last look (see
     /// `PollHandoff::try_turn`).
     turns_seen: u64,
-    /// `dispatch::found_turns` as of this call's last look at its spin
-    /// budget.
+    /// `dispatch::calls_finished_here` as of this call's last look at its
+    /// spin budget.
     found_seen: u64,
     /// When that look last saw it grow: the budget runs from then.
     spin_from: Option<Instant>,
@@ -2372,6 +2372,7 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
         }
         match outcome {
             Poll::Ready(r) => {
+                crate::dispatch::note_call_finished_here();
                 self.parked = None;
                 let slot = self.slot.take().expect("checked above");
                 let started = self.started.take();
@@ -2401,14 +2402,14 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                     // the clock on every one of them costs more than
                     // overshooting the budget by seven.
                     Some(_) if this.misses % 8 != 0 => true,
-                    // The budget runs from the last time a turn on this
-                    // thread found responses, not from the call's start:
+                    // The budget runs from the last time a call awaited on
+                    // this thread finished, not from the call's start:
                     // with many calls in flight each waits long, but the
                     // queue delivers often, and spinning on it pays.
                     Some(started) => match &this.canceller {
                         Some(c) => {
                             let now = Instant::now();
-                            let found = crate::dispatch::found_turns();
+                            let found = crate::dispatch::calls_finished_here();
                             if found != this.found_seen {
                                 this.found_seen = found;
                                 this.spin_from = Some(now);

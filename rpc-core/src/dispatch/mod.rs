@@ -486,15 +486,7 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     /// `UnaryCall`'s `poll`); returns whether it did. While futures do this,
     /// the poller thread naps instead of competing with them.
     pub(crate) fn try_progress(self: &Arc<Self>, seen: &mut u64) -> bool {
-        match self.poll.try_turn(seen, |st| self.turn(st)) {
-            Some(found) => {
-                if found > 0 {
-                    FOUND_TURNS.set(FOUND_TURNS.get().wrapping_add(1));
-                }
-                true
-            }
-            None => false,
-        }
+        self.poll.try_turn(seen, |st| self.turn(st)).is_some()
     }
 
     /// One round of the poller's loop on the calling thread, for a harness
@@ -679,19 +671,24 @@ thread_local! {
     static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The clock as first read in this thread's current turn (see [`turn_now`]).
     static TURN_NOW: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
-    /// How many of this thread's turns for callers' futures
-    /// ([`Endpoint::try_progress`]) found completions (see [`found_turns`]).
-    static FOUND_TURNS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// How many calls awaited on this thread have finished (see
+    /// [`calls_finished_here`]).
+    static FINISHED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// How many turns of a completion queue this thread made for callers'
-/// futures that found completions, on any endpoint: while it grows,
-/// responses keep coming to this thread, and a future waiting among many
-/// on it keeps polling however long its own call takes. Turns on other
-/// threads do not count: a future whose thread only waits does not spin
-/// for theirs.
-pub(crate) fn found_turns() -> u64 {
-    FOUND_TURNS.get()
+/// How many calls whose futures were polled on this thread have finished,
+/// on any endpoint: while it grows, responses keep coming for this
+/// thread's calls, and a future waiting among many on it keeps polling
+/// however long its own call takes. Other threads' calls do not count,
+/// even when this thread's turn of a shared queue completed them: a
+/// future whose thread only waits does not spin for their traffic.
+pub(crate) fn calls_finished_here() -> u64 {
+    FINISHED_HERE.get()
+}
+
+/// Counts a call finished on this thread (see [`calls_finished_here`]).
+pub(crate) fn note_call_finished_here() {
+    FINISHED_HERE.set(FINISHED_HERE.get().wrapping_add(1));
 }
 
 /// The time now, for what arrived in a batch of completions: read once per
