@@ -773,12 +773,11 @@ impl<M: prost::Message> Producer<M> {
                 // and take the CPU from the read under way (smaller ones
                 // are produced ahead: two of them travel at once, and
                 // producing the next meanwhile keeps that pipeline full).
+                // (Waiting for the window, it hears of the call's end: the
+                // window's waker is the one a failed call wakes.)
                 None if outbox.waits_alone() => match outbox.poll_send_batch(cx) {
                     Poll::Ready(Ok(())) => continue,
                     Poll::Ready(Err(status)) => return Poll::Ready(stopped(status, outbox)),
-                    Poll::Pending if outbox.core.watch_over(cx) => {
-                        return Poll::Ready(StreamEnd::Over);
-                    }
                     Poll::Pending => return Poll::Pending,
                 },
                 None => match stream.as_mut().poll_next(cx) {

@@ -2079,7 +2079,7 @@ pub struct UnaryCall<T> {
     turns_seen: u64,
     /// `dispatch::calls_finished_here` as of this call's last look at its
     /// spin budget.
-    found_seen: u64,
+    finished_seen: u64,
     /// When that look last saw it grow: the budget runs from then.
     spin_from: Option<Instant>,
     /// The first poll let other tasks stage their requests (see `poll`).
@@ -2180,7 +2180,7 @@ impl<T> UnaryCall<T> {
             misses: 0,
             corked,
             turns_seen: 0,
-            found_seen: 0,
+            finished_seen: 0,
             spin_from: None,
             yielded: false,
             parked: None,
@@ -2409,9 +2409,9 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                     Some(started) => match &this.canceller {
                         Some(c) => {
                             let now = Instant::now();
-                            let found = crate::dispatch::calls_finished_here();
-                            if found != this.found_seen {
-                                this.found_seen = found;
+                            let finished = crate::dispatch::calls_finished_here();
+                            if finished != this.finished_seen {
+                                this.finished_seen = finished;
                                 this.spin_from = Some(now);
                             }
                             let from = this.spin_from.unwrap_or(started);
