@@ -32,6 +32,55 @@ pub(super) struct SendState<F: Fabric> {
     pub(super) proto: Sender,
     /// The heartbeat, if on (see [`Conn::heartbeat_tick`]).
     pub(super) heartbeat: Option<Heartbeat>,
+    /// Payloads lent to the peer and not yet released.
+    pub(super) loans: Loans,
+}
+
+/// Bytes of large messages one connection may have lent to its peer and
+/// not had released, at least (twice the largest message this side takes,
+/// if more: the peer's claim does not raise it): a peer that does not release what it read (or never reads)
+/// holds at most this much of this side's memory. A send past it fails
+/// with `ResourceExhausted`; one message is always lent, however large.
+/// An honest peer holds less while it keeps up: it reads [`MAX_READING`]
+/// at a time and releases each payload once read.
+pub(crate) const MIN_MAX_LENT: usize = 4 * MAX_READING;
+
+/// The payloads a connection lent and the peer has not released.
+#[derive(Default)]
+pub(super) struct Loans {
+    /// Each loan's bytes, by its key.
+    by_rkey: HashMap<u32, usize>,
+    /// Their sum.
+    bytes: usize,
+}
+
+impl Loans {
+    /// Whether `len` more bytes may be lent by a side that takes messages
+    /// of up to `max_message` bytes (see [`MIN_MAX_LENT`]).
+    fn check(&self, len: usize, max_message: usize) -> Result<(), SendError> {
+        let max = MIN_MAX_LENT.max(max_message.saturating_mul(2));
+        if self.bytes == 0 || self.bytes.saturating_add(len) <= max {
+            return Ok(());
+        }
+        Err(SendError::NoBuffer(format!(
+            "the peer holds {} bytes of large messages it has not released; \
+             {len} more would pass the {max} bytes a connection lends",
+            self.bytes
+        )))
+    }
+
+    fn lent(&mut self, rkey: u32, len: usize) {
+        self.bytes += len;
+        if let Some(old) = self.by_rkey.insert(rkey, len) {
+            self.bytes -= old;
+        }
+    }
+
+    fn released(&mut self, rkey: u32) {
+        if let Some(len) = self.by_rkey.remove(&rkey) {
+            self.bytes -= len;
+        }
+    }
 }
 
 /// A connection's heartbeat schedule.
@@ -240,6 +289,7 @@ impl<F: Fabric> Conn<F> {
                 staging,
                 proto: Sender::new(peer_cap, cap, sq_depth, max_backlog).map_err(ring_err)?,
                 heartbeat: None,
+                loans: Loans::default(),
             }),
             failure: Mutex::new(None),
             recvs: 0,
@@ -412,11 +462,17 @@ impl<F: Fabric> Conn<F> {
         self.lend_filled(header, frame, fail_fast, cork, buf)
     }
 
-    /// A buffer from the fabric's cache for `frame`'s payload, to lend.
+    /// A buffer from the fabric's cache for `frame`'s payload, to lend, if
+    /// the peer may be lent it now (see [`MIN_MAX_LENT`]).
     fn lend_buffer_for(
         &self,
         frame: &OutFrame<'_>,
     ) -> Result<<F::Region as Region>::Buffer, SendError> {
+        // Checked again when it is lent; here so that a payload that will
+        // not be lent is not encoded.
+        self.send_state()
+            .loans
+            .check(frame.payload_len, self.max_message)?;
         self.fabric
             .buffer(frame.payload_len)
             .map_err(|e| SendError::NoBuffer(e.to_string()))
@@ -437,10 +493,14 @@ impl<F: Fabric> Conn<F> {
             if let Some(why) = s.proto.death() {
                 return Err(SendError::Closed(why.to_owned()));
             }
-            match s.qp.as_mut() {
+            let len = header.payload_len as usize;
+            s.loans.check(len, self.max_message)?;
+            let remote = match s.qp.as_mut() {
                 Some(qp) => qp.lend(buf).map_err(|e| SendError::Closed(e.to_string()))?,
                 None => return Err(SendError::Closed("queue pair destroyed".into())),
-            }
+            };
+            s.loans.lent(remote.rkey, len);
+            remote
         };
         let descriptor = Lent {
             addr: remote.addr,
@@ -461,7 +521,9 @@ impl<F: Fabric> Conn<F> {
             &mut |b| b.copy_from_slice(&descriptor),
         );
         if sent.is_err() {
-            if let Some(qp) = self.send_state().qp.as_mut() {
+            let mut s = self.send_state();
+            s.loans.released(remote.rkey);
+            if let Some(qp) = s.qp.as_mut() {
                 qp.unlend(remote.rkey);
             }
         }
@@ -590,10 +652,13 @@ impl<F: Fabric> Conn<F> {
         self.send_state().proto.begin_batch();
     }
 
-    pub(super) fn on_send_completion(&self, wr_id: u64) {
+    /// A signaled write completed. `Err` is a protocol violation: no such
+    /// write was posted.
+    pub(super) fn on_send_completion(&self, wr_id: u64) -> Result<(), String> {
         let mut s = self.send_state();
-        s.proto.on_completion(wr_id);
+        s.proto.on_completion(wr_id)?;
         self.flush(&mut s);
+        Ok(())
     }
 
     /// Handles a doorbell: each frame its write carries goes to `deliver`,
@@ -679,6 +744,7 @@ impl<F: Fabric> Conn<F> {
         if header.kind == FrameKind::Release {
             let mut s = self.send_state();
             let released = s.qp.as_mut().is_some_and(|qp| qp.unlend(header.timeout_us));
+            s.loans.released(header.timeout_us);
             // After a failure the queue pair is gone, and its loans with it.
             if !released && s.qp.is_some() {
                 return Err(format!(

@@ -269,6 +269,23 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
 
     /// Closes `conn` because its peer broke the protocol: a warning with
     /// the peer and `why`, then [`Endpoint::close`] with `why`.
+    /// Closes the connection whose completion the poller panicked on.
+    fn close_after_panic(&self, qp_num: u32, panic: &(dyn std::any::Any + Send)) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic");
+        tracing::error!(
+            qp_num,
+            panic = what,
+            "closing connection: internal error handling its completion"
+        );
+        if let Some(conn) = self.conn(qp_num) {
+            self.close(&conn, &format!("internal error: {what}"));
+        }
+    }
+
     pub(crate) fn close_for_violation(&self, conn: &Arc<Conn<F>>, why: &str) {
         tracing::warn!(qp_num = conn.qp_num, peer = %conn.remote.addr, %why, "closing connection: protocol violation");
         self.close(conn, why);
@@ -406,7 +423,14 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             if let CompletionKind::RecvImm { .. } = c.kind {
                 *consumed_recvs += 1;
             }
-            self.handle(c, touched);
+            // A bug met while handling one connection's completion ends
+            // that connection, not the thread that polls everyone's.
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.handle(c, touched);
+            }));
+            if let Err(panic) = handled {
+                self.close_after_panic(c.qp_num, panic.as_ref());
+            }
         }
         for conn in touched.drain(..) {
             conn.after_batch();
@@ -636,7 +660,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             return;
         }
         match c.kind {
-            CompletionKind::Send => conn.on_send_completion(c.wr_id),
+            CompletionKind::Send => {
+                if let Err(why) = conn.on_send_completion(c.wr_id) {
+                    self.close_for_violation(&conn, &why);
+                }
+            }
             CompletionKind::Read => {
                 if !touched.iter().any(|t| Arc::ptr_eq(t, &conn)) {
                     conn.begin_batch();

@@ -18,7 +18,7 @@ use crate::fabric::{FabricError, FabricUrl, PeerRing};
 use crate::protocol::ring;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
@@ -414,29 +414,53 @@ pub struct Link {
     pub stream: TcpStream,
     /// Its TLS state, when the connection uses TLS.
     pub tls: Option<Session>,
+    /// When the handshake must be over: every read waits only until then
+    /// (a peer that sends a byte now and then cannot stretch it).
+    pub deadline: Option<Instant>,
 }
 
 impl Link {
     /// A connection to the server at `url`, after the TLS handshake if
-    /// `tls` is given.
+    /// `tls` is given; the handshakes must be over by `deadline`.
     pub(crate) fn client(
         mut stream: TcpStream,
         tls: Option<&ClientTls>,
         url: &FabricUrl,
+        deadline: Instant,
     ) -> Result<Link, FabricError> {
         let tls = match tls {
-            Some(tls) => Some(tls::client_handshake(&mut stream, tls, url)?),
+            Some(tls) => Some(tls::client_handshake(&mut stream, tls, url, deadline)?),
             None => None,
         };
-        Ok(Link { stream, tls })
+        Ok(Link {
+            stream,
+            tls,
+            deadline: Some(deadline),
+        })
     }
+}
+
+/// Before a blocking read of `stream`: its read timeout becomes what is
+/// left until `deadline`, or `TimedOut` if nothing is.
+pub(crate) fn read_within(stream: &TcpStream, deadline: Option<Instant>) -> std::io::Result<()> {
+    let Some(deadline) = deadline else {
+        return Ok(());
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    stream.set_read_timeout(Some(left))
 }
 
 impl Read for Link {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match &mut self.tls {
-            None => self.stream.read(buf),
-            Some(s) => s.read_blocking(&self.stream, buf),
+            None => {
+                read_within(&self.stream, self.deadline)?;
+                self.stream.read(buf)
+            }
+            Some(s) => s.read_blocking(&self.stream, buf, self.deadline),
         }
     }
 }

@@ -135,6 +135,7 @@ impl Admitted {
         Link {
             stream: self.stream,
             tls: self.tls,
+            deadline: None,
         }
     }
 }

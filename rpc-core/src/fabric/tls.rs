@@ -189,11 +189,13 @@ mod imp {
         }
 
         /// Reads plaintext from a blocking `stream` (its read timeout
-        /// applies), completing the handshake first if it is not done.
+        /// applies, cut to what is left until `deadline`), completing the
+        /// handshake first if it is not done.
         pub(crate) fn read_blocking(
             &mut self,
             stream: &TcpStream,
             buf: &mut [u8],
+            deadline: Option<std::time::Instant>,
         ) -> io::Result<usize> {
             loop {
                 match self.read_plaintext(buf) {
@@ -201,6 +203,7 @@ mod imp {
                     other => return other,
                 }
                 self.flush_blocking(stream)?;
+                bootstrap::read_within(stream, deadline)?;
                 let read = self.read_tls(stream);
                 // An alert raised by what was read goes to the peer.
                 let _ = self.flush_blocking(stream);
@@ -346,12 +349,13 @@ mod imp {
         Some((tag, contents, after))
     }
 
-    /// Runs a client's TLS handshake on `stream` (blocking, within its read
-    /// timeout), for the server at `url`.
+    /// Runs a client's TLS handshake on `stream` (blocking, by `deadline`),
+    /// for the server at `url`.
     pub(crate) fn client_handshake(
         stream: &mut TcpStream,
         tls: &ClientTls,
         url: &FabricUrl,
+        deadline: std::time::Instant,
     ) -> Result<Session, FabricError> {
         let name = match &tls.domain {
             Some(name) => name.clone(),
@@ -392,6 +396,7 @@ mod imp {
                     Err(e) => return Err(handshake_io(e, &shown)),
                 }
             }
+            bootstrap::read_within(stream, Some(deadline)).map_err(|e| handshake_io(e, &shown))?;
             let read = session.read_tls(stream);
             // The alert a failure raised tells the server why.
             let _ = session.flush_blocking(stream);
@@ -630,7 +635,12 @@ mod imp {
         ) -> io::Result<usize> {
             match *self {}
         }
-        pub(crate) fn read_blocking(&mut self, _: &TcpStream, _: &mut [u8]) -> io::Result<usize> {
+        pub(crate) fn read_blocking(
+            &mut self,
+            _: &TcpStream,
+            _: &mut [u8],
+            _: Option<std::time::Instant>,
+        ) -> io::Result<usize> {
             match *self {}
         }
         pub(crate) fn queue(&mut self, _: &[IoSlice<'_>]) -> io::Result<()> {
@@ -657,6 +667,7 @@ mod imp {
         _: &mut TcpStream,
         tls: &ClientTls,
         _: &FabricUrl,
+        _: std::time::Instant,
     ) -> Result<Session, FabricError> {
         match *tls {}
     }

@@ -441,10 +441,18 @@ impl Sender {
     }
 
     /// The signaled write `wr_id` completed, and so every write before it:
-    /// their staged bytes are free.
-    pub fn on_completion(&mut self, wr_id: u64) {
+    /// their staged bytes are free. `Err` if no such write was posted (a
+    /// fabric that reports what a peer claims could be told anything).
+    pub fn on_completion(&mut self, wr_id: u64) -> Result<(), String> {
+        if wr_id > self.posted {
+            return Err(format!(
+                "completion of write {wr_id}, but only {} were posted",
+                self.posted
+            ));
+        }
         self.completed = self.completed.max(wr_id);
         self.staging.complete(self.completed);
+        Ok(())
     }
 
     /// Moves queued frames into the peer's ring while it, the staging area
@@ -719,7 +727,7 @@ mod tests {
         assert!(s.transmits()[0].signaled, "half the staging area");
         s.on_posted(Ok(()));
         // Executed: its staging bytes are free, its ring bytes are not.
-        s.on_completion(1);
+        s.on_completion(1).unwrap();
         let Ok(Reserved::Ring {
             offset: 2048,
             staged: 0,
@@ -730,7 +738,7 @@ mod tests {
         };
         s.sent(2048, 0, 2048, 0);
         s.on_posted(Ok(()));
-        s.on_completion(2);
+        s.on_completion(2).unwrap();
         assert_eq!(
             s.reserve(2048, true),
             Err(SendError::Full(
@@ -780,7 +788,7 @@ mod tests {
         let mut written = Vec::new();
         s.flush(|staged, bytes| written.push((staged, bytes.len())));
         assert!(written.is_empty(), "nothing completed yet");
-        s.on_completion(2);
+        s.on_completion(2).unwrap();
         s.flush(|staged, bytes| written.push((staged, bytes.len())));
         assert_eq!(written, [(0, 1000)]);
         let [t] = s.transmits() else {
@@ -799,7 +807,7 @@ mod tests {
             s.sent(offset, staged, 2048, 0);
             let wr = s.transmits()[0].wr_id;
             s.on_posted(Ok(()));
-            s.on_completion(wr);
+            s.on_completion(wr).unwrap();
         }
         assert_eq!(s.reserve(64, false), Ok(Reserved::Queue));
         // Queued at t = 1000 µs with a 500 µs timeout; an untimed one behind it.
@@ -944,6 +952,22 @@ mod tests {
     }
 
     #[test]
+    fn a_completion_of_a_write_never_posted_is_refused() {
+        let mut s = Sender::new(1 << 16, 4096, 8, 1 << 20).unwrap();
+        let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(64, false) else {
+            panic!("room for a frame");
+        };
+        s.sent(offset, staged, 64, 0);
+        s.on_posted(Ok(()));
+        assert!(s.on_completion(2).is_err());
+        assert!(s.on_completion(u64::MAX).is_err());
+        s.on_completion(1).unwrap();
+        assert!(s.completed_through(1));
+        // The send queue's room is as before: nothing was counted twice.
+        assert!(matches!(s.reserve(64, false), Ok(Reserved::Ring { .. })));
+    }
+
+    #[test]
     fn the_send_queue_bounds_writes_in_flight() {
         let mut s = Sender::new(1 << 16, 4096, 8, 1 << 20).unwrap();
         let mut ring = 0;
@@ -955,11 +979,11 @@ mod tests {
         // Two slots stay free: one for a credit doorbell, one spare.
         assert_eq!(ring, 6);
         assert_eq!(s.fence(), None);
-        s.on_completion(6);
+        s.on_completion(6).unwrap();
         let fence = s.fence().expect("room again");
         assert_eq!(fence, 7);
         assert!(!s.completed_through(fence));
-        s.on_completion(fence);
+        s.on_completion(fence).unwrap();
         assert!(s.completed_through(fence));
         assert!(matches!(s.reserve(64, false), Ok(Reserved::Ring { .. })));
     }
@@ -1081,7 +1105,7 @@ mod tests {
             signaled += u32::from(t.signaled);
             tx.on_posted(Ok(()));
             if t.signaled {
-                tx.on_completion(wr);
+                tx.on_completion(wr).unwrap();
             }
         }
         assert_eq!(signaled, 2);

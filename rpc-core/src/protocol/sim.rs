@@ -529,7 +529,10 @@ impl Sim {
         let Some(wr_id) = self.end(side).completions.pop_front() else {
             return false;
         };
-        self.end(side).tx.on_completion(wr_id);
+        self.end(side)
+            .tx
+            .on_completion(wr_id)
+            .expect("the fabric completes only posted writes");
         self.flush(side, false);
         self.post(side, true);
         true

@@ -64,6 +64,12 @@ const ACK_LEN: usize = 1 + 8;
 const NAK_LEN: usize = 1 + 8 + 1;
 /// Bytes read per `read(2)` into the queue's scratch buffer.
 const SCRATCH: usize = 64 << 10;
+/// What one answered read holds in the send queue besides its bytes, which
+/// are not copied: its `READ_RESP` head and its place in the queue.
+const LENT_CHUNK_COST: usize = WRITE_HEADER + std::mem::size_of::<LentChunk>();
+/// Bytes a connection may hold for a peer that does not read them, beyond
+/// twice its ring (see [`TcpConn::max_held`]).
+const HELD_SLACK: usize = 1 << 20;
 /// A payload with at least this much still to come is read straight into
 /// its region, not through the scratch buffer.
 const DIRECT_READ: usize = 16 << 10;
@@ -452,6 +458,15 @@ struct TxQueue {
     /// nothing waited here or in the socket: until the next send, nothing
     /// can be in flight, and the look needs no `TCP_INFO`.
     settled: bool,
+    /// The signaled writes sent and not yet acknowledged, oldest first: the
+    /// peer acknowledges them in this order, and an `ACK` for anything
+    /// else is a lie that closes the connection (a completion for a write
+    /// never posted would corrupt the sender's count of writes in flight).
+    /// At most a send queue's depth.
+    acks_due: VecDeque<u64>,
+    /// Over TLS: plaintext bytes put into the session since it last wrote
+    /// everything it held to the socket (what it may hold, as ciphertext).
+    tls_held: usize,
 }
 
 /// Bytes of a lent buffer to send (`at..end`), and what was posted after them.
@@ -465,6 +480,18 @@ struct LentChunk {
 impl TxQueue {
     fn unsent(&self) -> usize {
         self.bytes.len() - self.sent
+    }
+
+    /// What waits here for a socket the peer reads: bytes queued, answered
+    /// reads (their heads, not the lent bytes, which are not copied) and
+    /// what the TLS session holds.
+    fn held(&self) -> usize {
+        let lent: usize = self
+            .lent
+            .iter()
+            .map(|c| LENT_CHUNK_COST + c.then.len())
+            .sum();
+        self.unsent() + lent + self.tls_held
     }
 
     /// Whether nothing waits for the socket (or the TLS session) here.
@@ -498,12 +525,14 @@ impl TxQueue {
             if self.bytes.len() > self.sent {
                 let rest = IoSlice::new(&self.bytes[self.sent..]);
                 session.queue(&[rest]).map_err(drop)?;
+                self.tls_held += rest.len();
                 self.bytes.clear();
                 self.sent = 0;
             }
             loop {
-                session.flush(stream).map_err(drop)?;
-                if session.wants_write() {
+                if session.flush(stream).map_err(drop)? {
+                    self.tls_held = 0;
+                } else {
                     return Ok(());
                 }
                 let Some(front) = self.lent.front_mut() else {
@@ -513,11 +542,13 @@ impl TxQueue {
                     let n = (front.end - front.at).min(LENT_TLS_CHUNK);
                     let piece = IoSlice::new(&front.buf[front.at..front.at + n]);
                     session.queue(&[piece]).map_err(drop)?;
+                    self.tls_held += n;
                     front.at += n;
                 } else {
                     let chunk = self.lent.pop_front().expect("front exists");
                     if !chunk.then.is_empty() {
                         session.queue(&[IoSlice::new(&chunk.then)]).map_err(drop)?;
+                        self.tls_held += chunk.then.len();
                     }
                 }
             }
@@ -642,6 +673,13 @@ pub(super) struct TcpConn {
     /// Whether the connection runs over TLS (its session is in `tx`).
     /// Lock order: `rx`, then `tx`, then a ring's bytes.
     tls: bool,
+    /// The most the send queue may hold for the peer (see
+    /// [`TxQueue::held`]) before the connection fails: twice the peer's
+    /// ring and [`HELD_SLACK`]. A peer that reads keeps far less waiting,
+    /// since what is in flight to its ring is bounded by the ring; one that
+    /// returns credits and acknowledgements without reading would
+    /// otherwise make it grow without bound.
+    max_held: usize,
     rx: Mutex<Rx>,
     tx: Mutex<TxQueue>,
 }
@@ -673,8 +711,10 @@ fn write_nonblocking(stream: &TcpStream, bufs: &[IoSlice<'_>]) -> Result<usize, 
 }
 
 impl TcpConn {
-    /// A connection on `stream`, its reader waiting for a write's header;
-    /// over TLS if it has a `tls` session.
+    /// A connection on `stream` to a peer whose ring holds `peer_ring`
+    /// bytes, its reader waiting for a write's header; over TLS if it has a
+    /// `tls` session.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         qp_num: u32,
         ring: Weak<RegionInner>,
@@ -683,7 +723,9 @@ impl TcpConn {
         dead: Arc<AtomicBool>,
         lending: Arc<Lending>,
         tls: Option<Session>,
+        peer_ring: u64,
     ) -> TcpConn {
+        let peer_ring = usize::try_from(peer_ring).unwrap_or(usize::MAX);
         TcpConn {
             qp_num,
             ring,
@@ -692,6 +734,7 @@ impl TcpConn {
             dead,
             lending,
             tls: tls.is_some(),
+            max_held: peer_ring.saturating_mul(2).saturating_add(HELD_SLACK),
             rx: Mutex::new(Rx {
                 state: RxState::Head {
                     head: [0; WRITE_HEADER],
@@ -712,25 +755,38 @@ impl TcpConn {
 
     /// Sends `bufs` after everything sent before: straight to the socket
     /// when nothing waits ahead of them, and what it cannot take now is
-    /// queued for when it is writable. Never blocks. `Err` once the socket
-    /// failed or the connection is closing.
-    fn send(&self, bufs: &[IoSlice<'_>]) -> Result<(), ()> {
+    /// queued for when it is writable. Never blocks. `acks_due` are the
+    /// signaled writes among them, in order. `Err` once the socket failed
+    /// or the connection is closing.
+    fn send(&self, bufs: &[IoSlice<'_>], acks_due: &[u64]) -> Result<(), ()> {
         let mut tx = self.tx();
         if tx.failed || tx.closing {
             return Err(());
         }
         tx.sent_since_look = true;
+        tx.acks_due.extend(acks_due);
         if !tx.idle() {
             // Behind what waits, in order.
             tx.queue(bufs, 0);
-            return Ok(());
+            return self.within_bound(&mut tx);
         }
         if let Some(session) = &mut tx.tls {
-            if session.queue(bufs).is_ok() && session.flush(&self.stream).is_ok() {
-                return Ok(());
+            let flushed = match session.queue(bufs) {
+                Ok(()) => session.flush(&self.stream),
+                Err(e) => Err(e),
+            };
+            match flushed {
+                Ok(true) => tx.tls_held = 0,
+                Ok(false) => {
+                    tx.tls_held += bufs.iter().map(|b| b.len()).sum::<usize>();
+                    return self.within_bound(&mut tx);
+                }
+                Err(_) => {
+                    tx.failed = true;
+                    return Err(());
+                }
             }
-            tx.failed = true;
-            return Err(());
+            return Ok(());
         }
         let written = match write_nonblocking(&self.stream, bufs) {
             Ok(n) => n,
@@ -742,7 +798,25 @@ impl TcpConn {
         tx.bytes.clear();
         tx.sent = 0;
         tx.queue(bufs, written);
-        Ok(())
+        self.within_bound(&mut tx)
+    }
+
+    /// `Err` (and the socket failed) if the send queue holds more than
+    /// [`TcpConn::max_held`] for a peer that is not reading it.
+    fn within_bound(&self, tx: &mut TxQueue) -> Result<(), ()> {
+        let held = tx.held();
+        if held <= self.max_held {
+            return Ok(());
+        }
+        tracing::warn!(
+            qp_num = self.qp_num,
+            held,
+            max = self.max_held,
+            "closing connection: the peer is not reading what is sent to it"
+        );
+        tx.failed = true;
+        let _ = self.stream.shutdown(Shutdown::Both);
+        Err(())
     }
 
     /// Sends `head`, then `buf[start..end]` from the buffer itself, after
@@ -770,7 +844,7 @@ impl TcpConn {
             tx.failed = true;
             return Err(());
         }
-        Ok(())
+        self.within_bound(&mut tx)
     }
 
     /// Writes what is queued, as far as the socket takes it; a socket that
@@ -810,7 +884,7 @@ impl TcpConn {
 
     /// Rejects a write: the NAK goes out, then the connection closes.
     fn nak(&self, wr_id: u64, imm: u32, status: WcStatus, cq: &CqInner) {
-        let _ = self.send(&[IoSlice::new(&nak_message(wr_id, status))]);
+        let _ = self.send(&[IoSlice::new(&nak_message(wr_id, status))], &[]);
         self.tx().closing = true;
         if !self.dead.swap(true, Ordering::AcqRel) {
             cq.push(Completion {
@@ -1104,8 +1178,22 @@ impl TcpConn {
         };
         match head[0] {
             TAG_ACK => {
+                let wr_id = u64_at(1);
+                let due = self.tx().acks_due.pop_front();
+                if due != Some(wr_id) {
+                    tracing::warn!(
+                        qp_num = self.qp_num,
+                        wr_id,
+                        due,
+                        "closing connection: the peer acknowledged a write that was not the next one sent signaled"
+                    );
+                    rx.state = RxState::Done;
+                    let status = WcStatus::Other { vendor: 0 };
+                    self.fail_local(wr_id, CompletionKind::Send, status, cq);
+                    return Step::Stop;
+                }
                 cq.push(Completion {
-                    wr_id: u64_at(1),
+                    wr_id,
                     qp_num: self.qp_num,
                     kind: CompletionKind::Send,
                     status: WcStatus::Success,
@@ -1224,8 +1312,15 @@ impl TcpConn {
             },
             status: WcStatus::Success,
         });
-        if w.signaled {
-            let _ = self.send(&[IoSlice::new(&ack_message(w.wr_id))]);
+        if w.signaled
+            && self
+                .send(&[IoSlice::new(&ack_message(w.wr_id))], &[])
+                .is_err()
+        {
+            // Told now: nobody else learns that the socket failed.
+            rx.state = RxState::Done;
+            self.fail_local(0, CompletionKind::Send, WcStatus::RetryExceeded, cq);
+            return Step::Stop;
         }
         Step::Go
     }
@@ -1457,6 +1552,8 @@ impl TcpWire {
             let n = (count - first).min(MAX_GATHER);
             let mut heads = [[0u8; WRITE_HEADER]; MAX_GATHER];
             let mut locals: [Option<(&SoftRegion, usize, usize)>; MAX_GATHER] = [None; MAX_GATHER];
+            let mut signaled = [0u64; MAX_GATHER];
+            let mut acks_due = 0;
             let mut last_wr = 0;
             for i in 0..n {
                 let w = wr(first + i);
@@ -1464,6 +1561,10 @@ impl TcpWire {
                 heads[i] = write_head(&w, len as u32);
                 locals[i] = w.local;
                 last_wr = w.wr_id;
+                if w.signaled {
+                    signaled[acks_due] = w.wr_id;
+                    acks_due += 1;
+                }
             }
             // One read guard per distinct region (a batch comes from one
             // staging area): a second read lock on one RwLock could wait
@@ -1501,7 +1602,7 @@ impl TcpWire {
                 }
             }
             self.conn
-                .send(&slices[..used])
+                .send(&slices[..used], &signaled[..acks_due])
                 .map_err(|()| (last_wr, WcStatus::RetryExceeded))?;
             first += n;
         }
@@ -1514,14 +1615,14 @@ impl TcpWire {
         let len = u32::try_from(src.len).map_err(|_| WcStatus::Other { vendor: 0 })?;
         let head = read_head(TAG_READ, wr_id, src.addr, src.rkey, len);
         self.conn
-            .send(&[IoSlice::new(&head)])
+            .send(&[IoSlice::new(&head)], &[])
             .map_err(|()| WcStatus::RetryExceeded)
     }
 
     pub(super) fn established(&mut self) -> Result<(), FabricError> {
         if let Some(hello) = self.pending_hello.take() {
             let bytes = hello.encode();
-            self.conn.send(&[IoSlice::new(&bytes)]).map_err(|()| {
+            self.conn.send(&[IoSlice::new(&bytes)], &[]).map_err(|()| {
                 FabricError::unreachable("accept", "the connection failed during the handshake")
             })?;
         }
@@ -1562,10 +1663,12 @@ pub(super) fn connect(
     url: &FabricUrl,
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
+    // The whole connect, dial and handshakes, is bounded by the timeout.
+    let deadline = Instant::now() + local.timeout;
     let stream = bootstrap::dial(url, local.timeout)?;
     let qp_num = next_qp_num();
     setup(&stream, local.timeout)?;
-    let mut link = Link::client(stream, local.tls.as_ref(), url)?;
+    let mut link = Link::client(stream, local.tls.as_ref(), url, deadline)?;
     let hello = local_hello(qp_num, &local);
     bootstrap::send(&mut link, &hello)?;
     let peer = bootstrap::client_exchange(
@@ -1617,7 +1720,7 @@ fn finish(
 ) -> Result<Connected<SoftQp>, FabricError> {
     // Server side: the hello to send once established, and who the peer is.
     let (pending_hello, identity) = accepted.map_or((None, None), |(h, id)| (Some(h), id));
-    let Link { stream, tls } = link;
+    let Link { stream, tls, .. } = link;
     stream
         .set_read_timeout(None)
         .map_err(|e| FabricError::io("set_read_timeout", e))?;
@@ -1639,6 +1742,7 @@ fn finish(
         dead.clone(),
         lending.clone(),
         tls,
+        peer.ring.len,
     ));
     let key = cq.io()?.register(conn.clone())?;
     Ok(Connected {

@@ -322,6 +322,8 @@ impl Fabric for VerbsFabric {
         local: LocalSetup<'_, VerbsRegion>,
         cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
+        // The whole connect, dial and handshakes, is bounded by the timeout.
+        let deadline = std::time::Instant::now() + local.timeout;
         let stream = bootstrap::dial(url, local.timeout)?;
         stream
             .set_nodelay(true)
@@ -329,10 +331,9 @@ impl Fabric for VerbsFabric {
         stream
             .set_read_timeout(Some(local.timeout))
             .map_err(|e| FabricError::io("set_read_timeout", e))?;
-        let deadline = std::time::Instant::now() + local.timeout;
         // TLS, if asked, before anything of ours crosses the wire: the
         // hellos carry the rings' addresses and keys.
-        let mut link = Link::client(stream, local.tls.as_ref(), url)?;
+        let mut link = Link::client(stream, local.tls.as_ref(), url, deadline)?;
         let mut qp = self.new_qp(cq)?;
         let window = self.window(local.ring)?;
         let psn = random_psn();
