@@ -416,7 +416,9 @@ impl ChannelBuilder {
         Ok(self)
     }
 
-    /// How long connecting may take (default 5 s).
+    /// How long connecting may take (default 5 s): reaching the server and
+    /// both handshakes (TLS, if used, and the exchange of endpoints), all
+    /// within it, however slowly the server answers.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
         self
