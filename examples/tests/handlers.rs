@@ -256,6 +256,30 @@ on_every_fabric! {
             .unwrap();
         assert_eq!(reply.get_ref().payload, &b"t"[..]);
         server.shutdown();
+
+        // Blocking handlers, on the pool's threads, are in the runtime too,
+        // whichever way the server was given it.
+        for given in [false, true] {
+            let build = || {
+                Server::builder()
+                    .dispatchers(1)
+                    .add_service(EchoServer::new(Steered::default()))
+                    .blocking_method("/echo.Echo/Echo")
+            };
+            let server = if given {
+                build().tokio_handle(rt.handle().clone()).serve(&url).unwrap()
+            } else {
+                rt.block_on(async { build().serve(&url).unwrap() })
+            };
+            let client = EchoClient::new(channel(server.local_url()));
+            let reply = call(&client, b"b", &[("tokio-sleep-ms", "5"), ("tokio-task", "")])
+                .wait()
+                .unwrap();
+            assert_eq!(reply.get_ref().payload, &b"b"[..]);
+            let entered = reply.metadata().get("entered").unwrap_or_default();
+            assert!(entered.starts_with("rpc-blocking"), "ran on {entered}");
+            server.shutdown();
+        }
     }
 }
 

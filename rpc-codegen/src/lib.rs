@@ -335,6 +335,25 @@ impl Builder {
                 })?,
         };
 
+        for proto in protos {
+            let proto = proto.as_ref();
+            let found = proto.exists() || includes.iter().any(|i| i.as_ref().join(proto).exists());
+            if !found {
+                let dirs: Vec<String> = includes
+                    .iter()
+                    .map(|i| i.as_ref().display().to_string())
+                    .collect();
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    Message(format!(
+                        "{}: no such file (looked for it as given and under the include \
+                         paths: {})",
+                        proto.display(),
+                        dirs.join(", ")
+                    )),
+                ));
+            }
+        }
         let mut compiler = protox::Compiler::new(includes).map_err(protox_error)?;
         compiler
             .include_imports(true)

@@ -193,6 +193,24 @@ fn missing_import_names_the_file() {
 }
 
 #[test]
+fn a_missing_proto_is_named_as_missing() {
+    let dir = proto_dir(&[]);
+    let err = compile(&[Path::new("proto/nosuch.proto")], &[dir.path()]).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    let message = err.to_string();
+    assert!(
+        message.contains("proto/nosuch.proto: no such file"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&dir.path().display().to_string()),
+        "{message}"
+    );
+    // Its Debug form, which a build script's `main` prints, says the same.
+    assert!(format!("{err:?}").contains("no such file"), "{err:?}");
+}
+
+#[test]
 fn parse_error_names_file_and_line() {
     let dir = proto_dir(&[(
         "broken.proto",

@@ -87,6 +87,17 @@ impl BlockingPool {
     /// Runs `job` on a pool thread: an idle one, or a new one if the limit
     /// allows; otherwise it waits its key's turn (see [`Queues`]).
     pub(crate) fn execute_for(&self, key: u64, job: Job) {
+        // The job runs in the tokio runtime its submitter is in (a server's
+        // dispatchers are in the server's), so blocking handlers can use
+        // tokio's timers and sockets as the others can.
+        #[cfg(feature = "tokio")]
+        let job: Job = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => Box::new(move || {
+                let _entered = runtime.enter();
+                job()
+            }),
+            Err(_) => job,
+        };
         let st = &self.state;
         let mut q = st.queues.lock().unwrap_or_else(|e| e.into_inner());
         q.push(key, job);

@@ -67,6 +67,11 @@ pub(crate) struct CallObs {
 }
 
 impl CallObs {
+    /// The path of the call's method.
+    pub(crate) fn method(&self) -> &'static str {
+        self.method
+    }
+
     /// A client call of `method` to `peer`: starts its span, and when the
     /// span is enabled, the `traceparent` the call must send (continuing
     /// the one in `metadata`, if any).

@@ -1254,6 +1254,7 @@ impl ServerBuilder {
                 Box::new(move || {
                     #[cfg(feature = "tokio")]
                     let _entered = tokio.as_ref().map(|h| h.enter());
+                    crate::dispatch::mark_server_dispatcher();
                     ep.run()
                 }),
             )?);
@@ -1772,6 +1773,7 @@ impl<F: Fabric> Stop for ServerStopper<F> {
 
 /// A running server. [`ServerHandle::shutdown`] stops it gracefully; dropping
 /// the handle does the same.
+#[must_use = "dropping the ServerHandle stops the server at once: keep it for as long as it serves"]
 pub struct ServerHandle {
     local_url: String,
     /// Where the gRPC face listens, if the server has one.

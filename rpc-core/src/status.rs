@@ -138,6 +138,12 @@ impl Status {
         self
     }
 
+    /// Prefixes the message with `context` (`"{context}: {message}"`).
+    pub(crate) fn in_context(mut self, context: &str) -> Status {
+        self.message = format!("{context}: {}", self.message);
+        self
+    }
+
     /// The trailing metadata that came with the status, if any.
     pub fn metadata(&self) -> Option<&Metadata> {
         self.metadata.as_deref()

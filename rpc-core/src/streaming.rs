@@ -1274,12 +1274,14 @@ impl<T: prost::Message + Default> Streaming<T> {
             .transpose()
     }
 
-    /// Like [`Streaming::message`], blocking the current thread.
+    /// Like [`Streaming::message`], blocking the current thread (not for
+    /// async handlers: see [`UnaryCall::wait`](crate::UnaryCall::wait)).
     pub fn blocking_message(&mut self) -> Result<Option<T>, Status> {
         // The rest of a batch needs no waiting.
         if let Some(message) = self.next_in_batch() {
             return self.decode(message).map(Some);
         }
+        crate::dispatch::warn_if_on_a_dispatcher("Streaming::blocking_message");
         crate::executor::wait_on(self.message())
     }
 }
@@ -1486,8 +1488,10 @@ impl<T> ClientStreamingCall<T> {
 }
 
 impl<T: prost::Message + Default> ClientStreamingCall<T> {
-    /// Blocks the current thread until the response arrives.
+    /// Blocks the current thread until the response arrives (not for
+    /// async handlers: see [`UnaryCall::wait`](crate::UnaryCall::wait)).
     pub fn wait(self) -> Result<Response<T>, Status> {
+        crate::dispatch::warn_if_on_a_dispatcher("ClientStreamingCall::wait");
         crate::executor::wait_on(self)
     }
 }

@@ -1919,20 +1919,29 @@ impl<F: Fabric> Role<F> for ClientRole {
             }
         };
         let Some((core, final_message)) = stream else {
-            // A unary call: completed by a response or an error only.
-            if !matches!(h.kind, FrameKind::Response | FrameKind::Error) {
-                drop(calls);
-                ep.close_for_violation(conn, "server sent a stream frame for a unary call");
-                return;
-            }
+            // A unary call: completed by a response or an error. A stream
+            // frame means the server serves the method as a stream (a
+            // client built from another version of the .proto): that call
+            // fails, and its stream is cancelled; the connection and its
+            // other calls are not at fault.
+            let mismatch = !matches!(h.kind, FrameKind::Response | FrameKind::Error);
             let call = calls.complete(id);
             drop(calls);
+            let outcome = if mismatch {
+                send_cancel(conn, id);
+                Err(Status::internal(
+                    "the server answered this unary call with a stream: the method streams \
+                     on the server (is the client's .proto the server's?)",
+                ))
+            } else {
+                unary_outcome(frame)
+            };
             if let Some(Call {
                 waiter: Waiter::Unary(slot),
                 ..
             }) = call
             {
-                self.finish(slot, unary_outcome(frame));
+                self.finish(slot, outcome);
             }
             return;
         };
@@ -2208,9 +2217,18 @@ impl<T> UnaryCall<T> {
     }
 
     /// The call ended with `result`: its span and metrics say so.
-    fn note_end<R>(&mut self, result: &Result<R, Status>) {
+    fn note_end<R>(&mut self, result: &mut Result<R, Status>) {
         if let Some(obs) = &mut self.obs {
             obs.finish(result.as_ref().map_or_else(|s| s.code(), |_| Code::Ok));
+            // The server knows a method by its id only: name it here.
+            if let Err(status) = result {
+                if status.code() == Code::Unimplemented
+                    && status.message().starts_with("method id ")
+                {
+                    *status = std::mem::replace(status, Status::new(Code::Ok, ""))
+                        .in_context(obs.method());
+                }
+            }
         }
     }
 
@@ -2278,9 +2296,13 @@ impl<T: prost::Message + Default> UnaryCall<T> {
     /// While it waits, the thread first handles completions itself for a
     /// short while (the channel's spin time), so a quick response reaches it
     /// without a hand-off from the dispatcher thread; then it sleeps.
+    ///
+    /// Not for async handlers, which run on the server's dispatcher
+    /// threads: `.await` the call there (a warning is logged otherwise).
     pub fn wait(mut self) -> Result<Response<T>, Status> {
-        let result = self.wait_inner();
-        self.note_end(&result);
+        crate::dispatch::warn_if_on_a_dispatcher("UnaryCall::wait");
+        let mut result = self.wait_inner();
+        self.note_end(&mut result);
         result
     }
 
@@ -2389,7 +2411,8 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                     }
                     None => decode_reply(r, drop),
                 };
-                self.note_end(&result);
+                let mut result = result;
+                self.note_end(&mut result);
                 Poll::Ready(result)
             }
             Poll::Pending => {

@@ -104,7 +104,9 @@ impl From<SendError> for Status {
         match e {
             SendError::Closed(why) => Status::unavailable(format!("connection closed: {why}")),
             SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
-                "message of {len} bytes exceeds the peer's limit of {max} bytes"
+                "message of {len} bytes exceeds the peer's limit of {max} bytes (a server \
+                 raises it with ServerBuilder::max_message_size, a client with \
+                 ChannelBuilder::max_message_size)"
             )),
             SendError::Full(why) => Status::resource_exhausted(why),
             SendError::Metadata(len) => Status::invalid_argument(format!(

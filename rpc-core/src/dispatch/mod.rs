@@ -692,7 +692,31 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
     }
 }
 
+/// Marks the calling thread as a server's dispatcher, for
+/// [`warn_if_on_a_dispatcher`].
+pub(crate) fn mark_server_dispatcher() {
+    SERVER_DISPATCHER.set(true);
+}
+
+/// Warns, once per process, when `what` would block a server's dispatcher
+/// thread (a handler waiting for a call with `wait()` rather than `.await`):
+/// every connection of that dispatcher waits meanwhile, and a call to the
+/// same server can wait for itself.
+pub(crate) fn warn_if_on_a_dispatcher(what: &str) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if SERVER_DISPATCHER.get() && !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "{what} blocks a server dispatcher thread: the connections it serves wait, \
+             and a call to this same server can wait for itself forever; in an async \
+             handler use .await, or make the method blocking (ServerBuilder::blocking_method)"
+        );
+    }
+}
+
 thread_local! {
+    /// Whether this thread is a server's dispatcher (see
+    /// [`warn_if_on_a_dispatcher`]).
+    static SERVER_DISPATCHER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Whether this thread is handling a batch of completions: only its
     /// writes are staged (another thread's could wait on a batch that
     /// already ended).

@@ -1,0 +1,78 @@
+//! A client built from another version of a `.proto` than its server's: an
+//! rpc of another kind, or one the server lacks, fails that call with a
+//! status that says so, and the connection and its other calls go on.
+
+#[macro_use]
+mod common;
+
+use common::*;
+use examples::echo::echo_client::EchoClient;
+use examples::echo::{EchoReply, EchoRequest, StreamRequest};
+use rpc_core::codegen::{self, MethodDescriptor, MethodKind, method_id};
+use rpc_core::{Code, Request};
+use std::time::Duration;
+
+/// `path` described as an rpc of `kind`.
+fn described(path: &'static str, kind: MethodKind) -> &'static MethodDescriptor {
+    Box::leak(Box::new(MethodDescriptor {
+        name: "Mismatched",
+        path,
+        id: method_id(path),
+        kind,
+    }))
+}
+
+on_every_fabric! {
+    fn a_streaming_method_called_as_unary_fails_that_call_only(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let channel = channel(server.local_url());
+        let client = EchoClient::new(channel.clone());
+        // A call in flight on the same connection meanwhile.
+        let mut slow = echo_request("slow", b"in flight".to_vec(), &[("sleep-ms", "300")]);
+        slow.set_timeout(Duration::from_secs(10));
+        let in_flight = client.echo(slow);
+        // The server streams `Stream`; this client thinks it unary.
+        let stream_as_unary = described("/echo.Echo/Stream", MethodKind::Unary);
+        let mut request = Request::new(StreamRequest { count: 1000, size: 8 });
+        request.set_timeout(Duration::from_secs(10));
+        let status = codegen::unary::<_, EchoReply>(&channel, stream_as_unary, request)
+            .wait()
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{status}");
+        assert!(status.message().contains("answered this unary call with a stream"), "{status}");
+        // The call in flight and new ones on the same channel are served.
+        let reply = in_flight.wait().unwrap();
+        assert_eq!(reply.get_ref().payload, &b"in flight"[..]);
+        for i in 0..20u32 {
+            let payload = i.to_le_bytes().to_vec();
+            let reply = client
+                .echo(Request::new(EchoRequest { payload: payload.clone().into() }))
+                .wait()
+                .unwrap();
+            assert_eq!(reply.get_ref().payload, payload);
+        }
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn an_rpc_the_server_lacks_is_named_in_its_status(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let channel = channel(server.local_url());
+        let missing = described("/echo.Echo/Missing", MethodKind::Unary);
+        let request = Request::new(EchoRequest { payload: b"x".to_vec().into() });
+        let status = codegen::unary::<_, EchoReply>(&channel, missing, request)
+            .wait()
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unimplemented, "{status}");
+        assert!(status.message().starts_with("/echo.Echo/Missing: method id"), "{status}");
+        // Awaited, the same.
+        let request = Request::new(EchoRequest { payload: b"x".to_vec().into() });
+        let call = codegen::unary::<_, EchoReply>(&channel, missing, request);
+        let status = futures::executor::block_on(call).unwrap_err();
+        assert!(status.message().starts_with("/echo.Echo/Missing: "), "{status}");
+        server.shutdown();
+    }
+}
