@@ -55,6 +55,11 @@ struct Received {
 
 impl Raw {
     fn connect(url: &str) -> Raw {
+        Raw::connect_taking(url, (RAW_RING / 2 - HEADER_LEN) as u32)
+    }
+
+    /// A connection that takes messages of up to `max_message` bytes.
+    fn connect_taking(url: &str, max_message: u32) -> Raw {
         let fabric = SoftFabric::new();
         fabric.post_recv(256).unwrap();
         let ring = fabric.register(RAW_RING, true).unwrap();
@@ -62,7 +67,7 @@ impl Raw {
         let url = FabricUrl::parse(url).unwrap();
         let local = LocalSetup {
             ring: &ring,
-            max_message: (RAW_RING / 2 - HEADER_LEN) as u32,
+            max_message,
             timeout: LIMIT,
             credential: None,
             tls: None,
@@ -658,8 +663,6 @@ mod tcp_wire {
 /// A peer that completes the handshake and then stops reading.
 mod stalled_peer {
     use super::*;
-    use rpc_core::testing::bootstrap::HELLO_LEN;
-    use std::io::{Read, Write};
 
     #[test]
     fn peer_that_stops_reading_does_not_hang_callers() {
@@ -667,19 +670,13 @@ mod stalled_peer {
             // A hand-made tcp:// server with a 64 MiB ring that completes the
             // handshake and then never reads: TCP buffers fill up long before
             // the ring does.
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let url = format!("tcp://{}", listener.local_addr().unwrap());
             let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-            let peer = std::thread::spawn(move || {
-                let (mut s, _) = listener.accept().unwrap();
-                let mut hello = [0; HELLO_LEN];
-                s.read_exact(&mut hello).unwrap();
-                let ring = 64 << 20;
-                let reply = tcp_hello(ring, (ring / 2) as u32 - HEADER_LEN as u32);
-                s.write_all(&reply.encode()).unwrap();
-                let _ = done_rx.recv_timeout(LIMIT);
-                drop(s);
-            });
+            let ring = 64 << 20;
+            let (url, peer) =
+                fake_tcp_server(ring, (ring / 2) as u32 - HEADER_LEN as u32, move |s| {
+                    let _ = done_rx.recv_timeout(LIMIT);
+                    drop(s);
+                });
             let echo = EchoClient::new(channel(&url));
             let started = Instant::now();
             // 40 MiB of requests, each with a short deadline: starting them
@@ -792,4 +789,52 @@ fn a_heartbeat_interval_below_the_minimum_is_refused() {
         .map(|_| ())
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+}
+
+/// A client that asks for large responses (which the server lends) and
+/// never releases them: the server lends a connection at most 256 MiB at a
+/// time; past that its responses fail with `ResourceExhausted`, and the
+/// peer holds no more of the server's memory. Other clients are served.
+#[test]
+fn loans_never_released_are_bounded() {
+    watchdog(|| {
+        const N: usize = 256;
+        const REPLY: usize = 4 << 20;
+        let (server, good, _) = setup(TCP_ANY);
+        let mut raw = Raw::connect_taking(server.local_url(), 64 << 20);
+        let mut md = rpc_core::Metadata::new();
+        md.insert("reply-len", REPLY.to_string()).unwrap();
+        let md = rpc_core::testing::metadata::encode(&md);
+        let before = rss();
+        let (mut lent, mut refused) = (0, 0);
+        for _ in 0..N {
+            let id = raw.call_id();
+            raw.send_at_head(&request_frame(ECHO.methods[0].id, id, &md, &[]), None);
+            let h = raw.receive().header;
+            assert_eq!(h.call_id, id, "{h:?}");
+            if h.kind == FrameKind::Response && h.is_lent() {
+                assert_eq!(refused, 0, "a loan after a refusal: {h:?}");
+                lent += 1;
+            } else {
+                assert_eq!(h.kind, FrameKind::Error, "{h:?}");
+                assert_eq!(h.status, Code::ResourceExhausted as u16, "{h:?}");
+                refused += 1;
+            }
+        }
+        let grown = rss().saturating_sub(before);
+        eprintln!(
+            "{lent} responses lent and never released, {refused} refused; grew {} MiB",
+            grown >> 20
+        );
+        // 256 MiB of 4 MiB payloads and their few bytes of encoding.
+        assert_eq!(lent, 63);
+        // What was lent, and the handler's replies the allocator keeps for
+        // reuse: about 390 MiB, however many calls are refused, and other
+        // tests run meanwhile. Without the bound, 256 loans would hold
+        // 1 GiB alone.
+        assert!(grown < 800 << 20, "grew {} MiB", grown >> 20);
+        check(&good);
+        drop(raw);
+        server.shutdown();
+    });
 }

@@ -1,7 +1,7 @@
 //! Peers that break the tcp:// wire's rules where a well-formed frame
-//! cannot show it: acknowledgements of writes never sent, large messages
-//! never released, sent bytes never read, a handshake dripped a byte at a
-//! time. A hand-written peer speaks the soft fabric's wire (see
+//! cannot show it: acknowledgements of writes never sent, sent bytes never
+//! read, a handshake dripped a byte at a time (large messages never
+//! released: `malformed.rs`). A hand-written peer speaks the soft fabric's wire (see
 //! rpc-core/src/fabric/soft/tcp.rs); each misbehaviour costs the peer its
 //! own connection, and nobody else anything.
 
@@ -12,7 +12,6 @@ use common::*;
 use examples::echo::EchoRequest;
 use examples::echo::echo_client::EchoClient;
 use examples::echo::echo_server::DESCRIPTOR as ECHO;
-use rpc_core::Code;
 use rpc_core::codegen::prost::Message;
 use rpc_core::fabric::{FabricUrl, PeerRing};
 use rpc_core::testing::bootstrap::{HELLO_LEN, Hello, HelloFabric};
@@ -149,9 +148,6 @@ impl RawTcp {
     }
 }
 
-/// Held by the tests that measure the process's memory, one at a time.
-static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn quick_channel(url: &str) -> rpc_core::Channel {
     rpc_core::Channel::builder(url)
         .timeout(Duration::from_secs(3))
@@ -230,221 +226,6 @@ fn an_ack_for_a_write_never_sent_closes_only_its_connection() {
     });
 }
 
-mod lent {
-    use super::*;
-    use rpc_core::fabric::soft::{SoftCq, SoftFabric, SoftQp, SoftRegion};
-    use rpc_core::fabric::{
-        Completion, CompletionKind, CompletionQueue, Fabric, LocalSetup, QueuePair, Region,
-        WcStatus, WriteImm,
-    };
-    use rpc_core::testing::protocol::ALIGN;
-
-    const RAW_RING: usize = 65536;
-
-    /// A hand-driven soft-fabric connection (as in malformed.rs).
-    pub struct Raw {
-        _fabric: SoftFabric,
-        cq: SoftCq,
-        ring: SoftRegion,
-        staging: SoftRegion,
-        qp: SoftQp,
-        peer: PeerRing,
-        head: usize,
-        /// Our ring's cumulative consumed position.
-        consumed: u64,
-    }
-
-    impl Raw {
-        pub fn connect(url: &str, max_message: u32) -> Raw {
-            let fabric = SoftFabric::new();
-            fabric.post_recv(4096).unwrap();
-            let ring = fabric.register(RAW_RING, true).unwrap();
-            let staging = fabric.register(RAW_RING, false).unwrap();
-            let url = FabricUrl::parse(url).unwrap();
-            let local = LocalSetup {
-                ring: &ring,
-                max_message,
-                timeout: LIMIT,
-                credential: None,
-                tls: None,
-            };
-            let cq = fabric.create_cq().unwrap();
-            let connected = fabric.connect(&url, local, &cq).unwrap();
-            Raw {
-                cq,
-                peer: connected.peer,
-                qp: connected.qp,
-                _fabric: fabric,
-                ring,
-                staging,
-                head: 0,
-                consumed: 0,
-            }
-        }
-
-        fn post(&mut self, offset: usize, bytes: &[u8], imm: u32) {
-            self.staging
-                .write(0, bytes.len(), |buf| buf.copy_from_slice(bytes));
-            let wr = WriteImm {
-                wr_id: 1,
-                local: (!bytes.is_empty()).then_some((&self.staging, 0, bytes.len())),
-                remote_addr: self.peer.addr + offset as u64,
-                rkey: self.peer.rkey,
-                imm,
-                signaled: false,
-            };
-            self.qp.post_write_imm(&wr).expect("post");
-        }
-
-        /// Places `frame` at the head of the server's ring (wrapping to 0
-        /// when it does not fit before the end).
-        pub fn send(&mut self, frame: &[u8]) {
-            let cap = self.peer.len as usize;
-            let mut offset = self.head % cap;
-            if offset + frame.len() > cap {
-                self.head += cap - offset;
-                offset = 0;
-            }
-            let imm = Doorbell::Frame {
-                offset_units: (offset / ALIGN) as u32,
-            }
-            .encode();
-            self.post(offset, frame, imm);
-            self.head += align_up(frame.len());
-        }
-
-        /// Tells the server everything received so far is consumed.
-        pub fn credit(&mut self) {
-            let ack = ((self.consumed / ALIGN as u64) % (1 << 30)) as u32;
-            self.post(0, &[], Doorbell::Credit { ack }.encode());
-        }
-
-        fn completion(&self) -> Completion {
-            let deadline = Instant::now() + LIMIT;
-            let mut out = Vec::new();
-            loop {
-                if self.cq.poll(&mut out, 1) == 1 {
-                    return out[0];
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                assert!(!left.is_zero(), "no completion within {LIMIT:?}");
-                self.cq.wait(Some(left.min(Duration::from_millis(100))));
-            }
-        }
-
-        /// The next frame's header (credits skipped); counts it consumed.
-        pub fn receive(&mut self) -> Header {
-            loop {
-                let c = self.completion();
-                assert_eq!(c.status, WcStatus::Success, "the connection failed: {c:?}");
-                let CompletionKind::RecvImm { imm, .. } = c.kind else {
-                    continue;
-                };
-                match Doorbell::decode(imm).expect("valid immediate") {
-                    Doorbell::Credit { .. } => continue,
-                    Doorbell::Frame { offset_units } => {
-                        let offset = offset_units as usize * ALIGN;
-                        let header = self
-                            .ring
-                            .read(offset, HEADER_LEN, Header::decode)
-                            .expect("valid header");
-                        let cap = RAW_RING as u64;
-                        if offset as u64 != self.consumed % cap {
-                            // The server wrapped: the tail was skipped.
-                            self.consumed += cap - self.consumed % cap;
-                        }
-                        self.consumed += align_up(header.frame_len()) as u64;
-                        return header;
-                    }
-                }
-            }
-        }
-    }
-
-    pub fn request(call: u64, metadata: &[(&str, &str)], payload: &[u8]) -> Vec<u8> {
-        let mut md = Vec::new();
-        for (k, v) in metadata {
-            md.push(k.len() as u8);
-            md.extend_from_slice(k.as_bytes());
-            md.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            md.extend_from_slice(v.as_bytes());
-        }
-        let header = Header {
-            flags: 0,
-            kind: FrameKind::Request,
-            status: 0,
-            method_id: ECHO.methods[0].id,
-            call_id: CallId(call),
-            payload_len: payload.len() as u32,
-            metadata_len: md.len() as u16,
-            timeout_us: 0,
-            ack: 0,
-        };
-        let mut frame = vec![0; HEADER_LEN];
-        header.encode((&mut frame[..]).try_into().unwrap());
-        frame.extend_from_slice(&md);
-        frame.extend_from_slice(payload);
-        frame
-    }
-
-    /// A client that asks for large responses (which the server lends) and
-    /// never releases them: the server lends a connection at most 256 MiB
-    /// at a time; past that its responses fail with `ResourceExhausted`,
-    /// and the lying peer holds no more of the server's memory. Other
-    /// clients are served throughout.
-    #[test]
-    fn loans_never_released_are_bounded() {
-        watchdog(|| {
-            const N: u64 = 160;
-            const REPLY: usize = 4 << 20;
-            let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-            let probe = Probe::new();
-            let server = serve(test_server(&probe), TCP_ANY);
-            let url = server.local_url().to_owned();
-            let good = EchoClient::new(quick_channel(&url));
-            echo_ok(&good, "warm").unwrap();
-            let mut raw = Raw::connect(&url, 64 << 20);
-            raw.credit();
-            std::thread::sleep(Duration::from_millis(200));
-            let before = rss();
-            let reply_len = REPLY.to_string();
-            let mut lent = 0;
-            let mut refused = 0;
-            for call in 1..=N {
-                let frame = request(call, &[("tag", "pin"), ("reply-len", &reply_len)], &[]);
-                raw.send(&frame);
-                let h = raw.receive();
-                assert_eq!(h.call_id, CallId(call), "{h:?}");
-                if h.kind == FrameKind::Response && h.is_lent() {
-                    assert_eq!(refused, 0, "call {call} was lent after a refusal");
-                    lent += 1;
-                } else {
-                    assert_eq!(h.kind, FrameKind::Error, "call {call}: {h:?}");
-                    assert_eq!(
-                        h.status,
-                        Code::ResourceExhausted as u16,
-                        "call {call}: {h:?}"
-                    );
-                    refused += 1;
-                }
-                raw.credit();
-            }
-            let grown = rss().saturating_sub(before);
-            eprintln!(
-                "{lent} responses lent and never released, {refused} refused; grew {} MiB",
-                grown >> 20
-            );
-            // 256 MiB of 4 MiB payloads and their few bytes of encoding.
-            assert_eq!(lent, 63);
-            // What was lent, and the handler's replies the allocator keeps
-            // for reuse (about 390 MiB, however many calls are refused;
-            // without the bound, 160 loans would hold 640 MiB alone).
-            assert!(grown < 512 << 20, "grew {} MiB", grown >> 20);
-            echo_ok(&good, "still").unwrap();
-        });
-    }
-}
-
 mod unread {
     use super::*;
 
@@ -454,7 +235,6 @@ mod unread {
     #[test]
     fn a_peer_that_never_reads_is_closed_at_the_bound() {
         watchdog(|| {
-            let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
             let probe = Probe::new();
             let server = serve(test_server(&probe), TCP_ANY);
             let url = server.local_url().to_owned();
@@ -501,13 +281,7 @@ mod evil_server {
     #[test]
     fn a_lying_server_does_not_break_the_shared_client_dispatchers() {
         watchdog(|| {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let evil_url = format!("tcp://{}", listener.local_addr().unwrap());
-            let evil = std::thread::spawn(move || {
-                let (mut s, _) = listener.accept().unwrap();
-                let mut hello = [0; HELLO_LEN];
-                s.read_exact(&mut hello).unwrap();
-                s.write_all(&tcp_hello(1 << 16, 1 << 15).encode()).unwrap();
+            let (evil_url, evil) = fake_tcp_server(1 << 16, 1 << 15, |mut s| {
                 // The client's first write (its empty credit doorbell).
                 let mut first = [0u8; WRITE_HEADER];
                 s.read_exact(&mut first).unwrap();

@@ -542,6 +542,29 @@ pub fn rss() -> u64 {
     kb * 1024
 }
 
+/// A hand-written tcp:// server on a free port of 127.0.0.1: its URL, and
+/// the thread that accepts one client, reads its hello, answers with
+/// [`tcp_hello`]`(ring_len, max_message)`, then runs `then` on the socket.
+#[allow(dead_code)]
+pub fn fake_tcp_server(
+    ring_len: u64,
+    max_message: u32,
+    then: impl FnOnce(std::net::TcpStream) + Send + 'static,
+) -> (String, std::thread::JoinHandle<()>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("tcp://{}", listener.local_addr().unwrap());
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0; rpc_core::testing::bootstrap::HELLO_LEN];
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(&tcp_hello(ring_len, max_message).encode())
+            .unwrap();
+        then(s);
+    });
+    (url, server)
+}
+
 /// A valid tcp:// hello for a hand-written peer with a ring of `ring_len`
 /// bytes, accepting messages up to `max_message`.
 pub fn tcp_hello(ring_len: u64, max_message: u32) -> rpc_core::testing::bootstrap::Hello {

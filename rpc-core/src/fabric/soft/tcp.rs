@@ -1168,6 +1168,22 @@ impl TcpConn {
         Parsed::All
     }
 
+    /// The peer claimed what this side never did (`why`): the connection
+    /// fails, reported as the work request `wr_id` of `kind`.
+    fn refuse(
+        &self,
+        rx: &mut Rx,
+        wr_id: u64,
+        kind: CompletionKind,
+        why: &str,
+        cq: &CqInner,
+    ) -> Step {
+        tracing::warn!(qp_num = self.qp_num, wr_id, "closing connection: {why}");
+        rx.state = RxState::Done;
+        self.fail_local(wr_id, kind, WcStatus::Other { vendor: 0 }, cq);
+        Step::Stop
+    }
+
     /// A message's fixed part is in `head`.
     fn on_head(&self, rx: &mut Rx, head: &[u8; WRITE_HEADER], cq: &CqInner) -> Step {
         let u64_at = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8"));
@@ -1181,16 +1197,9 @@ impl TcpConn {
                 let wr_id = u64_at(1);
                 let due = self.tx().acks_due.pop_front();
                 if due != Some(wr_id) {
-                    tracing::warn!(
-                        qp_num = self.qp_num,
-                        wr_id,
-                        due,
-                        "closing connection: the peer acknowledged a write that was not the next one sent signaled"
-                    );
-                    rx.state = RxState::Done;
-                    let status = WcStatus::Other { vendor: 0 };
-                    self.fail_local(wr_id, CompletionKind::Send, status, cq);
-                    return Step::Stop;
+                    let why =
+                        "the peer acknowledged a write that was not the next one sent signaled";
+                    return self.refuse(rx, wr_id, CompletionKind::Send, why, cq);
                 }
                 cq.push(Completion {
                     wr_id,
@@ -1206,16 +1215,8 @@ impl TcpConn {
                 // Only a read this side posted, of exactly its length:
                 // nothing is allocated on the peer's say-so.
                 let Some(buf) = self.lending.receive(wr_id, len as u64) else {
-                    tracing::warn!(
-                        qp_num = self.qp_num,
-                        wr_id,
-                        len,
-                        "closing connection: the peer answered a read that was not posted"
-                    );
-                    rx.state = RxState::Done;
-                    let status = WcStatus::Other { vendor: 0 };
-                    self.fail_local(wr_id, CompletionKind::Read, status, cq);
-                    return Step::Stop;
+                    let why = "the peer answered a read that was not posted (or not of its length)";
+                    return self.refuse(rx, wr_id, CompletionKind::Read, why, cq);
                 };
                 rx.state = RxState::ReadData(InRead {
                     wr_id,
