@@ -1,7 +1,8 @@
 //! Peers that break the tcp:// wire's rules where a well-formed frame
 //! cannot show it: acknowledgements of writes never sent, sent bytes never
 //! read, a handshake dripped a byte at a time (large messages never
-//! released: `malformed.rs`). A hand-written peer speaks the soft fabric's wire (see
+//! released: `malformed.rs`), and a server that never answers a
+//! `connect_async`. A hand-written peer speaks the soft fabric's wire (see
 //! rpc-core/src/fabric/soft/tcp.rs); each misbehaviour costs the peer its
 //! own connection, and nobody else anything.
 
@@ -386,6 +387,68 @@ mod slow_server_handshake {
                 "connected to a server that never finished its hello"
             );
             assert!(took < Duration::from_secs(3), "took {took:?}");
+        });
+    }
+}
+
+mod async_connect {
+    use super::*;
+
+    /// `connect_async` runs the handshakes off the executor: a
+    /// single-threaded runtime goes on running its other tasks while a
+    /// server takes its time, and the connect still ends at its timeout.
+    #[test]
+    fn connect_async_holds_up_no_executor_thread() {
+        watchdog(|| {
+            let (silent_url, _silent) = {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let url = format!("tcp://{}", listener.local_addr().unwrap());
+                let keep = std::thread::spawn(move || {
+                    // Accepts, reads nothing, answers nothing.
+                    let (s, _) = listener.accept().unwrap();
+                    std::thread::sleep(Duration::from_secs(5));
+                    drop(s);
+                });
+                (url, keep)
+            };
+            let probe = Probe::new();
+            let server = serve(test_server(&probe), TCP_ANY);
+            let good_url = server.local_url().to_owned();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+                let counter = ticks.clone();
+                let ticker = tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+                let t = Instant::now();
+                let silent = rpc_core::Channel::builder(&silent_url)
+                    .connect_timeout(Duration::from_millis(600))
+                    .connect_async()
+                    .await;
+                let took = t.elapsed();
+                let ticked = ticks.load(std::sync::atomic::Ordering::Relaxed);
+                assert!(silent.is_err(), "connected to a server that never answered");
+                assert!(took < Duration::from_secs(3), "took {took:?}");
+                // The runtime's one thread ran the ticker meanwhile.
+                assert!(ticked >= 20, "{ticked} ticks in {took:?}");
+                let client = EchoClient::connect_async(&good_url).await.unwrap();
+                let reply = client
+                    .echo(EchoRequest {
+                        payload: b"async".to_vec().into(),
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(reply.get_ref().payload, &b"async"[..]);
+                ticker.abort();
+            });
+            server.shutdown();
         });
     }
 }

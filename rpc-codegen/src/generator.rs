@@ -16,7 +16,7 @@ use std::fmt::Write;
 const RT: &str = "::rpc_core::codegen";
 
 /// Client methods that an rpc method of the same name would clash with.
-const CLIENT_OWN_METHODS: [&str; 3] = ["new", "connect", "channel"];
+const CLIENT_OWN_METHODS: [&str; 4] = ["new", "connect", "connect_async", "channel"];
 
 pub(crate) struct ServiceGenerator;
 
@@ -117,6 +117,11 @@ fn generate_client(service: &Service, names: &Names, buf: &mut String) {
             /// Connects to `url` (`rdma://`, `tcp://` or `mem://`).
             pub fn connect(url: &str) -> ::core::result::Result<Self, {RT}::Status> {{
                 {RT}::Channel::connect(url).map(Self::new)
+            }}
+            /// Connects to `url` from async code: the handshakes run off the
+            /// executor's threads (see `Channel::connect_async`).
+            pub async fn connect_async(url: &str) -> ::core::result::Result<Self, {RT}::Status> {{
+                {RT}::Channel::connect_async(url).await.map(Self::new)
             }}
             /// The underlying channel.
             pub fn channel(&self) -> &{RT}::Channel {{
@@ -549,6 +554,7 @@ mod tests {
     fn client_method_names_avoid_own_methods() {
         assert_eq!(client_method_name("put"), "put");
         assert_eq!(client_method_name("connect"), "connect_");
+        assert_eq!(client_method_name("connect_async"), "connect_async_");
         assert_eq!(client_method_name("new"), "new_");
         assert_eq!(client_method_name("channel"), "channel_");
         assert_eq!(client_method_name("r#type"), "r#type");

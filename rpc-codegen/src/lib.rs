@@ -84,7 +84,7 @@
 //! Proto comments on services and rpcs become doc comments. Rpc names that
 //! are Rust keywords become raw identifiers (`r#type`), or get a trailing
 //! underscore where Rust has no raw form (`self_`). On the client, rpcs named
-//! like its own methods `new`, `connect` and `channel` get a trailing
+//! like its own methods `new`, `connect`, `connect_async` and `channel` get a trailing
 //! underscore too (`connect_`).
 //!
 //! ## What is rejected

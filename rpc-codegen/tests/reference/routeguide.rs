@@ -89,6 +89,13 @@ pub mod route_guide_client {
         ) -> ::core::result::Result<Self, ::rpc_core::codegen::Status> {
             ::rpc_core::codegen::Channel::connect(url).map(Self::new)
         }
+        /// Connects to `url` from async code: the handshakes run off the
+        /// executor's threads (see `Channel::connect_async`).
+        pub async fn connect_async(
+            url: &str,
+        ) -> ::core::result::Result<Self, ::rpc_core::codegen::Status> {
+            ::rpc_core::codegen::Channel::connect_async(url).await.map(Self::new)
+        }
         /// The underlying channel.
         pub fn channel(&self) -> &::rpc_core::codegen::Channel {
             &self.inner

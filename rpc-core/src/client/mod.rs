@@ -583,6 +583,14 @@ impl ChannelBuilder {
         }
     }
 
+    /// [`ChannelBuilder::connect`] for async code: connects on a thread of
+    /// the process's blocking pool (see [`crate::blocking`]), so the task
+    /// that awaits it holds up no executor thread however long the
+    /// handshakes take (up to the connect timeout).
+    pub fn connect_async(self) -> crate::Blocking<Result<Channel, Status>> {
+        crate::blocking(move || self.connect())
+    }
+
     /// A channel that connects in the background: it returns at once, and
     /// calls made before a connection is up fail with `Unavailable` or
     /// wait for it ([`ChannelBuilder::wait_for_ready`]). Fails only on a
@@ -910,6 +918,12 @@ impl Channel {
     /// server (HTTP/2 without TLS, through tonic; feature `grpc`).
     pub fn connect(url: &str) -> Result<Channel, Status> {
         Channel::builder(url).connect()
+    }
+
+    /// [`Channel::connect`] for async code (see
+    /// [`ChannelBuilder::connect_async`]).
+    pub fn connect_async(url: &str) -> crate::Blocking<Result<Channel, Status>> {
+        Channel::builder(url).connect_async()
     }
 
     /// A builder for a channel to `url`.
