@@ -535,7 +535,7 @@ impl ServerCall {
     /// Answers `Unimplemented`.
     pub fn unimplemented(self) {
         let status = Status::unimplemented(format!(
-            "method id {:#010x} is not implemented by this server",
+            "{UNKNOWN_METHOD}{:#010x} is not implemented by this server",
             self.method_id
         ));
         self.reply_err(&status);
@@ -1770,6 +1770,10 @@ impl<F: Fabric> Stop for ServerStopper<F> {
         tracing::info!("server stopped");
     }
 }
+
+/// How the status of a call to a method the server lacks begins (the
+/// method's id follows): the client, which knows its path, names it.
+pub(crate) const UNKNOWN_METHOD: &str = "method id ";
 
 /// A running server. [`ServerHandle::shutdown`] stops it gracefully; dropping
 /// the handle does the same.

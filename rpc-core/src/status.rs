@@ -139,9 +139,8 @@ impl Status {
     }
 
     /// Prefixes the message with `context` (`"{context}: {message}"`).
-    pub(crate) fn in_context(mut self, context: &str) -> Status {
+    pub(crate) fn add_context(&mut self, context: &str) {
         self.message = format!("{context}: {}", self.message);
-        self
     }
 
     /// The trailing metadata that came with the status, if any.

@@ -2237,10 +2237,9 @@ impl<T> UnaryCall<T> {
             // The server knows a method by its id only: name it here.
             if let Err(status) = result {
                 if status.code() == Code::Unimplemented
-                    && status.message().starts_with("method id ")
+                    && status.message().starts_with(crate::server::UNKNOWN_METHOD)
                 {
-                    *status = std::mem::replace(status, Status::new(Code::Ok, ""))
-                        .in_context(obs.method());
+                    status.add_context(obs.method());
                 }
             }
         }
@@ -2414,7 +2413,7 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                 self.parked = None;
                 let slot = self.slot.take().expect("checked above");
                 let started = self.started.take();
-                let result = match self.canceller.take() {
+                let mut result = match self.canceller.take() {
                     Some(channel) => {
                         // One call in four is enough for the average wait
                         // (the clock costs as much as a tenth of a call).
@@ -2425,7 +2424,6 @@ impl<T: prost::Message + Default> Future for UnaryCall<T> {
                     }
                     None => decode_reply(r, drop),
                 };
-                let mut result = result;
                 self.note_end(&mut result);
                 Poll::Ready(result)
             }

@@ -267,8 +267,6 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         }
     }
 
-    /// Closes `conn` because its peer broke the protocol: a warning with
-    /// the peer and `why`, then [`Endpoint::close`] with `why`.
     /// Closes the connection whose completion the poller panicked on.
     fn close_after_panic(&self, qp_num: u32, panic: &(dyn std::any::Any + Send)) {
         let what = panic
@@ -286,6 +284,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         }
     }
 
+    /// Closes `conn` because its peer broke the protocol: a warning with
+    /// the peer and `why`, then [`Endpoint::close`] with `why`.
     pub(crate) fn close_for_violation(&self, conn: &Arc<Conn<F>>, why: &str) {
         tracing::warn!(qp_num = conn.qp_num, peer = %conn.remote.addr, %why, "closing connection: protocol violation");
         self.close(conn, why);

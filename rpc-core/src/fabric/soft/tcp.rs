@@ -771,11 +771,10 @@ impl TcpConn {
             return self.within_bound(&mut tx);
         }
         if let Some(session) = &mut tx.tls {
-            let flushed = match session.queue(bufs) {
-                Ok(()) => session.flush(&self.stream),
-                Err(e) => Err(e),
-            };
-            match flushed {
+            match session
+                .queue(bufs)
+                .and_then(|()| session.flush(&self.stream))
+            {
                 Ok(true) => tx.tls_held = 0,
                 Ok(false) => {
                     tx.tls_held += bufs.iter().map(|b| b.len()).sum::<usize>();
