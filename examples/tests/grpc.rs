@@ -322,6 +322,8 @@ fn metadata_deadlines_and_interceptors_carry_over_grpc() {
                 .unwrap_err();
             assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
             assert_eq!(e.metadata().get("detail").unwrap(), "no room");
+            assert_eq!(e.details(), b"details: no room");
+            assert!(e.metadata().get("grpc-status-details-bin").is_none());
 
             // So does a stream's trailing metadata, after its messages.
             let mut grpc = tonic::client::Grpc::new(channel.clone());
@@ -596,6 +598,7 @@ fn a_grpc_url_carries_trailers_and_the_caller() {
             .unwrap_err();
         assert_eq!(e.code(), rpc_core::Code::FailedPrecondition, "{e:?}");
         assert_eq!(e.metadata().unwrap().get("detail"), Some("no room"));
+        assert_eq!(e.details(), b"details: no room");
 
         let reply = echo.echo(request(vec![], "who", "1")).wait().unwrap();
         assert_eq!(reply.metadata().get("peer-fabric"), Some("grpc"));

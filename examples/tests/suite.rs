@@ -358,6 +358,30 @@ on_every_fabric! {
         drop(ch);
         server.shutdown();
 
+        // A handler's error status whose trailing metadata is over that
+        // limit still reaches its caller: its code and message, saying why
+        // the metadata was left out.
+        let server = serve(test_server(&Probe::new()), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+        for len in [100, 70_000] {
+            let request = echo_request("big status", Vec::new(), &[("fail-with-len", &len.to_string())]);
+            let status = expect_code(echo.echo(request).wait(), Code::FailedPrecondition);
+            let detail = status.metadata().and_then(|md| md.get("detail"));
+            if len == 100 {
+                assert_eq!(detail.map(str::len), Some(100), "{status}");
+                // The binary details arrive beside it, not in the metadata.
+                assert_eq!(status.details(), format!("details: {}", "d".repeat(100)).as_bytes());
+                assert_eq!(status.metadata().unwrap().len(), 1, "{status:?}");
+            } else {
+                assert_eq!(detail, None);
+                assert!(status.details().is_empty());
+                assert!(status.message().starts_with("as asked"), "{status}");
+                assert!(status.message().contains("trailing metadata"), "{status}");
+            }
+        }
+        check_echo(&echo, payload(10), &[]);
+        server.shutdown();
+
         // The server advertises a lower limit set with max_message_size.
         let server = serve(
             Server::builder()

@@ -808,8 +808,9 @@ fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {
     ours
 }
 
-/// Our metadata as gRPC's: `-bin` keys binary, the rest text; values
-/// HTTP/2 cannot carry are left out.
+/// Our metadata as gRPC's: `-bin` keys binary, the rest text. A binary
+/// value under a text key (set with `insert_bin`) that HTTP/2 cannot carry
+/// is left out, with a warning: gRPC has no way to send it under that key.
 fn metadata_to_grpc(metadata: &Metadata) -> tonic::metadata::MetadataMap {
     use tonic::metadata::{BinaryMetadataKey, MetadataKey, MetadataValue};
     let mut map = tonic::metadata::MetadataMap::new();
@@ -818,29 +819,34 @@ fn metadata_to_grpc(metadata: &Metadata) -> tonic::metadata::MetadataMap {
             if let Ok(k) = BinaryMetadataKey::from_bytes(key.as_bytes()) {
                 map.insert_bin(k, MetadataValue::from_bytes(value));
             }
-        } else if let (Ok(k), Ok(v)) = (
+        } else if let (Ok(k), Some(v)) = (
             MetadataKey::from_bytes(key.as_bytes()),
             std::str::from_utf8(value)
                 .ok()
-                .and_then(|v| MetadataValue::try_from(v).ok())
-                .ok_or(()),
+                .and_then(|v| MetadataValue::try_from(v).ok()),
         ) {
             map.insert(k, v);
+        } else {
+            tracing::warn!(
+                key,
+                "metadata entry left out of a gRPC message: its value is not text a gRPC \
+                 header can hold, and its key does not end in -bin"
+            );
         }
     }
     map
 }
 
-/// Our status as gRPC's (same codes), its metadata sent as trailers.
+/// Our status as gRPC's (same codes), its metadata sent as trailers and
+/// its details as `grpc-status-details-bin`.
 fn to_grpc(status: Status) -> tonic::Status {
-    let mut out = tonic::Status::new(
+    let metadata = status.metadata().map(metadata_to_grpc).unwrap_or_default();
+    tonic::Status::with_details_and_metadata(
         tonic::Code::from_i32(status.code() as i32),
         status.message().to_owned(),
-    );
-    if let Some(metadata) = status.metadata() {
-        *out.metadata_mut() = metadata_to_grpc(metadata);
-    }
-    out
+        Bytes::copy_from_slice(status.details()),
+        metadata,
+    )
 }
 
 /// A `grpc-timeout` value: up to 8 digits and a unit (`H`, `M`, `S`, `m`,
@@ -1009,16 +1015,12 @@ fn from_grpc(status: tonic::Status) -> Status {
     {
         return Status::unavailable(format!("gRPC server: {}: {source}", status.message()));
     }
-    let metadata = metadata_from_grpc(status.metadata());
-    let ours = Status::new(
+    Status::with_details(
         crate::Code::from_u16(status.code() as u16),
         status.message().to_owned(),
-    );
-    if metadata.is_empty() {
-        ours
-    } else {
-        ours.with_metadata(metadata)
-    }
+        status.details().to_vec(),
+    )
+    .with_metadata(metadata_from_grpc(status.metadata()))
 }
 
 /// tonic's response as ours.

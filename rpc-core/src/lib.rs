@@ -127,7 +127,7 @@ pub use dispatch::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 /// The `Stream` trait (of `futures-core`, the same as `futures::Stream`):
 /// what streaming handlers return and streaming calls take.
 pub use futures_core::Stream;
-pub use metadata::{InvalidMetadataKey, Metadata};
+pub use metadata::{InvalidMetadata, Metadata};
 /// The type of generated `bytes` fields (the `bytes` crate's, through
 /// prost): a large message's `Bytes` fields share the buffer it was read
 /// into instead of copying out of it.

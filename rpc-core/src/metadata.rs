@@ -1,5 +1,6 @@
 //! Call metadata: small key/value pairs that travel beside a message, like
-//! gRPC's headers. Keys are lowercase ASCII; values are text or bytes.
+//! gRPC's headers. Keys are lowercase ASCII; values are text (printable
+//! ASCII and tabs, what an HTTP/2 header value may hold) or bytes.
 
 use std::fmt;
 
@@ -8,25 +9,47 @@ pub const MAX_KEY_LEN: usize = 255;
 /// Largest encoded metadata block of one frame, in bytes (the header field is 16 bits).
 pub const MAX_ENCODED_LEN: usize = u16::MAX as usize;
 
-/// Why a key could not be inserted.
+/// Why an entry could not be inserted: its key, or a text value, is not
+/// one metadata can carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidMetadataKey(String);
+pub struct InvalidMetadata {
+    key: String,
+    /// The offending byte of a text value and where it is; `None` when the
+    /// key is at fault.
+    value_byte: Option<(usize, u8)>,
+}
 
-impl fmt::Display for InvalidMetadataKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid metadata key {:?}: keys are 1..=255 bytes of a-z, 0-9, '-', '_' or '.'",
-            self.0
-        )
+impl InvalidMetadata {
+    /// The key of the refused entry (lowercased).
+    pub fn key(&self) -> &str {
+        &self.key
     }
 }
 
-impl std::error::Error for InvalidMetadataKey {}
+impl fmt::Display for InvalidMetadata {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.value_byte {
+            None => write!(
+                f,
+                "invalid metadata key {:?}: keys are 1..=255 bytes of a-z, 0-9, '-', '_' or '.'",
+                self.key
+            ),
+            Some((at, byte)) => write!(
+                f,
+                "invalid text value for metadata key {:?}: byte {at} is {byte:#04x}; text \
+                 values are printable ASCII (0x20..=0x7e) and tabs, as in a gRPC header; send other \
+                 bytes with insert_bin under a key ending in \"-bin\"",
+                self.key
+            ),
+        }
+    }
+}
 
-impl From<InvalidMetadataKey> for crate::Status {
+impl std::error::Error for InvalidMetadata {}
+
+impl From<InvalidMetadata> for crate::Status {
     /// `InvalidArgument`, naming the key.
-    fn from(e: InvalidMetadataKey) -> crate::Status {
+    fn from(e: InvalidMetadata) -> crate::Status {
         crate::Status::invalid_argument(e.to_string())
     }
 }
@@ -45,6 +68,15 @@ pub struct Metadata {
     entries: Vec<(String, Vec<u8>)>,
 }
 
+/// The first byte of `value` an HTTP/2 header value (and so a gRPC text
+/// value) may not hold, and where it is.
+fn invalid_text(value: &str) -> Option<(usize, u8)> {
+    value
+        .bytes()
+        .enumerate()
+        .find(|&(_, b)| !matches!(b, 0x20..=0x7e | b'\t'))
+}
+
 fn valid_key(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= MAX_KEY_LEN
@@ -60,23 +92,45 @@ impl Metadata {
     }
 
     /// Sets a text value, replacing any earlier value of the key.
-    pub fn insert(
-        &mut self,
-        key: &str,
-        value: impl Into<String>,
-    ) -> Result<(), InvalidMetadataKey> {
-        self.insert_bin(key, value.into().into_bytes())
+    ///
+    /// Text is printable ASCII (`0x20..=0x7e`) and tabs, what a gRPC header
+    /// value may hold, so that it reaches gRPC peers unchanged: a value with
+    /// a control character or a non-ASCII letter is refused. Send such bytes with
+    /// [`Metadata::insert_bin`] under a key ending in `-bin`.
+    ///
+    /// ```
+    /// let mut md = rpc_core::Metadata::new();
+    /// assert!(md.insert("note", "line one\nline two").is_err());
+    /// md.insert_bin("note-bin", "line one\nline two").unwrap();
+    /// ```
+    pub fn insert(&mut self, key: &str, value: impl Into<String>) -> Result<(), InvalidMetadata> {
+        let value = value.into();
+        if let Some(bad) = invalid_text(&value) {
+            return Err(InvalidMetadata {
+                key: key.to_ascii_lowercase(),
+                value_byte: Some(bad),
+            });
+        }
+        self.insert_bin(key, value.into_bytes())
     }
 
     /// Sets a binary value, replacing any earlier value of the key.
+    ///
+    /// Any bytes travel between rdma-rpc peers. gRPC carries binary values
+    /// only under keys that end in `-bin`: over a server's gRPC face, a
+    /// value under another key must be text as [`Metadata::insert`] takes
+    /// it, or it is left out (with a warning in the log).
     pub fn insert_bin(
         &mut self,
         key: &str,
         value: impl Into<Vec<u8>>,
-    ) -> Result<(), InvalidMetadataKey> {
+    ) -> Result<(), InvalidMetadata> {
         let key = key.to_ascii_lowercase();
         if !valid_key(&key) {
-            return Err(InvalidMetadataKey(key));
+            return Err(InvalidMetadata {
+                key,
+                value_byte: None,
+            });
         }
         let value = value.into();
         match self.entries.iter_mut().find(|(k, _)| *k == key) {
@@ -189,9 +243,40 @@ mod tests {
         assert!(md.insert("bad key", "a").is_err());
         assert!(md.insert("", "a").is_err());
         assert!(md.insert(&"k".repeat(256), "a").is_err());
+        let e = md.insert("bad key", "a").unwrap_err();
+        assert_eq!(e.key(), "bad key");
+        assert!(e.to_string().contains("invalid metadata key"), "{e}");
         md.insert("x-tenant", "b").unwrap();
         assert_eq!(md.len(), 1);
         assert_eq!(md.get("x-tenant"), Some("b"));
+    }
+
+    #[test]
+    fn text_values_are_printable_ascii() {
+        let mut md = Metadata::new();
+        md.insert("ok", " !~ printable ASCII, spaces\tand tabs too ")
+            .unwrap();
+        for (bad, at, byte) in [
+            ("two\nlines", 3, b'\n'),
+            ("cr\rhere", 2, b'\r'),
+            ("caf\u{e9}", 3, 0xc3),
+            ("del\u{7f}", 3, 0x7f),
+            ("\0", 0, 0),
+        ] {
+            let e = md.insert("X-Note", bad).unwrap_err();
+            assert_eq!(e.key(), "x-note");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("byte {at} is {byte:#04x}")) && msg.contains("-bin"),
+                "{msg}"
+            );
+            // The error changes nothing: the entry is not there.
+            assert_eq!(md.get_bin("x-note"), None);
+        }
+        assert_eq!(md.len(), 1);
+        // The same bytes are fine as a binary value.
+        md.insert_bin("note-bin", "two\nlines").unwrap();
+        assert_eq!(md.get_bin("note-bin"), Some(&b"two\nlines"[..]));
     }
 
     #[test]

@@ -344,12 +344,13 @@ impl Trailers {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sets a text value, replacing any earlier value of the key.
+    /// Sets a text value, replacing any earlier value of the key (text as
+    /// [`Metadata::insert`] takes it).
     pub fn insert(
         &self,
         key: &str,
         value: impl Into<String>,
-    ) -> Result<(), crate::InvalidMetadataKey> {
+    ) -> Result<(), crate::InvalidMetadata> {
         self.lock().insert(key, value)
     }
 
@@ -358,7 +359,7 @@ impl Trailers {
         &self,
         key: &str,
         value: impl Into<Vec<u8>>,
-    ) -> Result<(), crate::InvalidMetadataKey> {
+    ) -> Result<(), crate::InvalidMetadata> {
         self.lock().insert_bin(key, value)
     }
 

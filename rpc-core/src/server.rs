@@ -599,19 +599,40 @@ impl ServerCall {
 }
 
 fn send_error(sink: &dyn Link, call_id: CallId, method_id: u32, status: &Status) {
-    let message = status.message().as_bytes();
-    // Keep error messages within any client's limits.
-    let message = &message[..message.len().min(4096)];
-    let frame = OutFrame {
-        kind: FrameKind::Error,
-        call_id,
-        method_id,
-        status: status.code() as u16,
-        timeout_us: 0,
-        metadata: status.metadata(),
-        payload_len: message.len(),
+    let send = |message: &[u8], metadata| {
+        // Keep error messages within any client's limits.
+        let message = &message[..message.len().min(4096)];
+        let frame = OutFrame {
+            kind: FrameKind::Error,
+            call_id,
+            method_id,
+            status: status.code() as u16,
+            timeout_us: 0,
+            metadata,
+            payload_len: message.len(),
+        };
+        sink.send(&frame, false, &mut |buf| buf.copy_from_slice(message))
     };
-    if let Err(e) = sink.send(&frame, false, &mut |buf| buf.copy_from_slice(message)) {
+    let sent = match send(
+        status.message().as_bytes(),
+        status.wire_metadata().as_deref(),
+    ) {
+        // Trailing metadata over the limit (or the client's message size):
+        // the caller still learns the code and message, and why the
+        // metadata is missing, rather than waiting for its deadline.
+        Err(e @ (SendError::Metadata(_) | SendError::TooLarge { .. })) => {
+            let why = Status::from(e);
+            tracing::warn!(peer = sink.peer(), method_id, error = %why, "error status sent without its trailing metadata");
+            let message = format!(
+                "{} (its trailing metadata and details were left out: {})",
+                status.message(),
+                why.message()
+            );
+            send(message.as_bytes(), None)
+        }
+        sent => sent,
+    };
+    if let Err(e) = sent {
         tracing::debug!(peer = sink.peer(), error = %Status::from(e), "could not send an error response");
     }
 }

@@ -1,7 +1,11 @@
 //! `Status` and `Code`: how a call fails, with gRPC's status codes.
 
-use crate::Metadata;
+use crate::{Bytes, Metadata};
 use std::fmt;
+
+/// The metadata key under which a status's binary details travel, as in
+/// gRPC (there, a `google.rpc.Status` message by convention).
+pub(crate) const DETAILS_KEY: &str = "grpc-status-details-bin";
 
 /// A gRPC status code. The numeric values are gRPC's, so they can be mapped
 /// one to one onto other gRPC-speaking systems.
@@ -104,13 +108,22 @@ impl fmt::Display for Code {
     }
 }
 
-/// The error of a call: a [`Code`] and a message, as in gRPC.
+/// The error of a call: a [`Code`] and a message, as in gRPC, with
+/// optional trailing metadata and binary details.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Status {
     code: Code,
     message: String,
-    /// Trailing metadata sent with the status (boxed: most have none).
-    metadata: Option<Box<Metadata>>,
+    /// Trailing metadata and details (boxed: most statuses have neither).
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Clone, PartialEq, Eq, Default)]
+struct Extra {
+    /// Trailing metadata sent with the status.
+    metadata: Metadata,
+    /// Binary details (gRPC's `grpc-status-details-bin`).
+    details: Bytes,
 }
 
 macro_rules! constructors {
@@ -127,15 +140,78 @@ impl Status {
         Status {
             code,
             message: message.into(),
-            metadata: None,
+            extra: None,
         }
     }
 
+    /// A status with binary details: by convention an encoded
+    /// `google.rpc.Status` carrying the richer error model's messages
+    /// (`BadRequest`, `RetryInfo`, ...), as with gRPC's
+    /// `grpc-status-details-bin`. They travel with the status, counted in
+    /// its 64 KiB of trailing metadata, and through a server's gRPC face.
+    ///
+    /// ```
+    /// use rpc_core::{Code, Status};
+    /// let status = Status::with_details(Code::InvalidArgument, "bad name", vec![8, 3]);
+    /// assert_eq!(status.details(), &[8, 3]);
+    /// ```
+    pub fn with_details(
+        code: Code,
+        message: impl Into<String>,
+        details: impl Into<Bytes>,
+    ) -> Status {
+        let mut status = Status::new(code, message);
+        status.set_details(details.into());
+        status
+    }
+
     /// This status with `metadata` as its trailing metadata: it travels
-    /// with the status to the caller (at most 64 KiB encoded).
+    /// with the status to the caller (at most 64 KiB encoded, details
+    /// included).
     pub fn with_metadata(mut self, metadata: Metadata) -> Status {
-        self.metadata = (!metadata.is_empty()).then(|| Box::new(metadata));
+        let details = self.extra.take().map(|e| e.details).unwrap_or_default();
+        self.extra = Extra { metadata, details }.boxed();
         self
+    }
+
+    fn set_details(&mut self, details: Bytes) {
+        let metadata = self.extra.take().map(|e| e.metadata).unwrap_or_default();
+        self.extra = Extra { metadata, details }.boxed();
+    }
+
+    /// The binary details that came with the status (empty if none).
+    pub fn details(&self) -> &[u8] {
+        self.extra.as_ref().map_or(&[], |e| &e.details)
+    }
+
+    /// The trailing metadata with the details under [`DETAILS_KEY`], as an
+    /// `Error` frame carries them.
+    pub(crate) fn wire_metadata(&self) -> Option<std::borrow::Cow<'_, Metadata>> {
+        let extra = self.extra.as_ref()?;
+        if extra.details.is_empty() {
+            return Some(std::borrow::Cow::Borrowed(&extra.metadata));
+        }
+        let mut metadata = extra.metadata.clone();
+        metadata
+            .insert_bin(DETAILS_KEY, extra.details.to_vec())
+            .expect("the details key is a valid key");
+        Some(std::borrow::Cow::Owned(metadata))
+    }
+
+    /// The status an `Error` frame describes: [`DETAILS_KEY`] taken out of
+    /// its metadata as the details.
+    pub(crate) fn from_wire(code: Code, message: String, metadata: Option<&Metadata>) -> Status {
+        let mut status = Status::new(code, message);
+        let Some(metadata) = metadata.filter(|md| !md.is_empty()) else {
+            return status;
+        };
+        let mut metadata = metadata.clone();
+        let details = metadata
+            .remove(DETAILS_KEY)
+            .map(Bytes::from)
+            .unwrap_or_default();
+        status.extra = Extra { metadata, details }.boxed();
+        status
     }
 
     /// Prefixes the message with `context` (`"{context}: {message}"`).
@@ -145,7 +221,10 @@ impl Status {
 
     /// The trailing metadata that came with the status, if any.
     pub fn metadata(&self) -> Option<&Metadata> {
-        self.metadata.as_deref()
+        self.extra
+            .as_ref()
+            .map(|e| &e.metadata)
+            .filter(|md| !md.is_empty())
     }
 
     constructors! {
@@ -194,12 +273,24 @@ impl Status {
     }
 }
 
+impl Extra {
+    /// `None` when there is nothing to keep.
+    fn boxed(self) -> Option<Box<Extra>> {
+        (!self.metadata.is_empty() || !self.details.is_empty()).then(|| Box::new(self))
+    }
+}
+
 impl fmt::Debug for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Status")
-            .field("code", &self.code)
-            .field("message", &self.message)
-            .finish()
+        let mut d = f.debug_struct("Status");
+        d.field("code", &self.code).field("message", &self.message);
+        if let Some(metadata) = self.metadata() {
+            d.field("metadata", metadata);
+        }
+        if !self.details().is_empty() {
+            d.field("details", &format_args!("{} bytes", self.details().len()));
+        }
+        d.finish()
     }
 }
 
@@ -228,6 +319,38 @@ mod tests {
         }
         assert_eq!(Code::from_u16(17), Code::Unknown);
         assert_eq!(Code::from_u16(u16::MAX), Code::Unknown);
+    }
+
+    #[test]
+    fn details_and_metadata_travel_in_the_wire_metadata() {
+        let mut md = Metadata::new();
+        md.insert("retry", "later").unwrap();
+        let status =
+            Status::with_details(Code::Aborted, "conflict", vec![1, 2, 3]).with_metadata(md);
+        assert_eq!(status.details(), &[1, 2, 3]);
+        assert_eq!(status.metadata().unwrap().get("retry"), Some("later"));
+        let wire = status.wire_metadata().unwrap();
+        assert_eq!(wire.get_bin(DETAILS_KEY), Some(&[1u8, 2, 3][..]));
+        let back = Status::from_wire(Code::Aborted, "conflict".into(), Some(&wire));
+        assert_eq!(back, status);
+        assert_eq!(
+            back.metadata().unwrap().len(),
+            1,
+            "the details are not metadata"
+        );
+        // Neither: nothing extra, and no metadata on the wire.
+        let plain = Status::internal("x");
+        assert!(plain.wire_metadata().is_none() && plain.metadata().is_none());
+        assert!(plain.details().is_empty());
+        assert_eq!(
+            Status::from_wire(Code::Internal, "x".into(), Some(&Metadata::new())),
+            plain
+        );
+        // Empty metadata keeps the details.
+        let only =
+            Status::with_details(Code::Internal, "x", vec![9]).with_metadata(Metadata::new());
+        assert_eq!(only.details(), &[9]);
+        assert!(only.metadata().is_none());
     }
 
     #[test]

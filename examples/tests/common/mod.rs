@@ -309,7 +309,9 @@ impl Probe {
 /// - `report-deadline`: add `deadline-left-ms` to the echoed metadata,
 ///   what is left of the call's deadline (-1: none);
 /// - `fail-with`: fail `FailedPrecondition`, the value as the status's
-///   `detail` metadata (gRPC's trailers);
+///   `detail` metadata (gRPC's trailers) and, after `details: `, as its
+///   binary details;
+/// - `fail-with-len`: the same, with a `detail` of that many bytes;
 /// - `who`: answer the caller's fabric and address as the server saw them
 ///   (`peer-fabric`, `peer-addr`).
 ///
@@ -337,10 +339,20 @@ impl Echo for TestEcho {
         if let Some(ms) = md.get("sleep-ms") {
             std::thread::sleep(Duration::from_millis(ms.parse().expect("sleep-ms")));
         }
-        if let Some(detail) = md.get("fail-with") {
+        let detail = match md.get("fail-with-len") {
+            Some(len) => Some("d".repeat(len.parse().expect("fail-with-len"))),
+            None => md.get("fail-with").map(str::to_owned),
+        };
+        if let Some(detail) = detail {
             let mut metadata = rpc_core::Metadata::new();
-            metadata.insert("detail", detail).unwrap();
-            return Err(Status::failed_precondition("as asked").with_metadata(metadata));
+            metadata.insert("detail", &detail).unwrap();
+            let details = format!("details: {detail}").into_bytes();
+            return Err(Status::with_details(
+                rpc_core::Code::FailedPrecondition,
+                "as asked",
+                details,
+            )
+            .with_metadata(metadata));
         }
         if let Some(message) = md.get("panic") {
             panic!("{message}");

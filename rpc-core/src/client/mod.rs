@@ -2042,11 +2042,11 @@ impl ClientRole {
 /// The status an `Error` frame carries.
 pub(crate) fn error_status(frame: &Frame) -> Status {
     let message = String::from_utf8_lossy(&frame.payload).into_owned();
-    let status = Status::new(Code::from_u16(frame.header.status), message);
-    match &frame.metadata {
-        Some(md) if !md.is_empty() => status.with_metadata(md.clone()),
-        _ => status,
-    }
+    Status::from_wire(
+        Code::from_u16(frame.header.status),
+        message,
+        frame.metadata.as_ref(),
+    )
 }
 
 /// What a unary call's `Response` or `Error` frame tells its caller.
