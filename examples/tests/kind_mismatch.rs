@@ -8,19 +8,9 @@ mod common;
 use common::*;
 use examples::echo::echo_client::EchoClient;
 use examples::echo::{EchoReply, EchoRequest, StreamRequest};
-use rpc_core::codegen::{self, MethodDescriptor, MethodKind, method_id};
+use rpc_core::codegen::{self, MethodKind};
 use rpc_core::{Code, Request};
 use std::time::Duration;
-
-/// `path` described as an rpc of `kind`.
-fn described(path: &'static str, kind: MethodKind) -> &'static MethodDescriptor {
-    Box::leak(Box::new(MethodDescriptor {
-        name: "Mismatched",
-        path,
-        id: method_id(path),
-        kind,
-    }))
-}
 
 on_every_fabric! {
     fn a_streaming_method_called_as_unary_fails_that_call_only(url: &str) {

@@ -820,6 +820,47 @@ on_every_fabric! {
 }
 
 on_every_fabric! {
+    /// A bug of ours that panics while a dispatcher handles a frame closes
+    /// that frame's connection, and only it: the thread lives on and serves
+    /// the other connections it polls.
+    fn a_dispatcher_panic_closes_only_its_connection(url: &str) {
+        let path = format!("/fault.{}/Panic", &url[..url.find(':').unwrap()]);
+        let faulty = described(path.leak(), rpc_core::codegen::MethodKind::Unary);
+        rpc_core::testing::faults::panic_on_method(faulty.id);
+        let probe = Probe::new();
+        // One dispatcher: the faulty connection and the others share it.
+        let server = serve(test_server(&probe).dispatchers(1), url);
+        let bystander = EchoClient::new(channel(server.local_url()));
+        let mut slow = echo_request("across", b"in flight".to_vec(), &[("sleep-ms", "200")]);
+        slow.set_timeout(LIMIT);
+        let in_flight = bystander.echo(slow);
+
+        let victim = Channel::builder(server.local_url())
+            .timeout(LIMIT)
+            .reconnect(false)
+            .connect()
+            .unwrap();
+        let request = Request::new(EchoRequest { payload: b"x".to_vec().into() });
+        let status = rpc_core::codegen::unary::<_, EchoReply>(&victim, faulty, request)
+            .wait()
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status}");
+        // The connection is closed for good: its next call fails too.
+        let again = EchoClient::new(victim).echo(echo_request("after", Vec::new(), &[])).wait();
+        expect_code(again, Code::Unavailable);
+
+        // The call in flight on the same dispatcher, and new ones, are served.
+        assert_eq!(in_flight.wait().unwrap().into_inner().payload, &b"in flight"[..]);
+        let reply = bystander.echo(echo_request("next", b"n".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, &b"n"[..]);
+        let newcomer = EchoClient::new(channel(server.local_url()));
+        let reply = newcomer.echo(echo_request("new", b"w".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, &b"w"[..]);
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
     fn client_gone_mid_call_leaves_the_server_serving(url: &str) {
         let probe = Probe::new();
         let server = serve(test_server(&probe).blocking_threads(2), url);

@@ -109,6 +109,12 @@ pub mod testing {
         }
     }
 
+    /// Faults injected into a server's dispatcher, to test what contains
+    /// a bug of ours.
+    pub mod faults {
+        pub use crate::server::fault::panic_on_method;
+    }
+
     /// The units of the hand-written concurrency that `scripts/loom`
     /// model-checks (`rpc-core/tests/loom_*.rs`), as production uses them.
     pub mod sync {

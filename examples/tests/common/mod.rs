@@ -167,6 +167,21 @@ pub fn channel(url: &str) -> Channel {
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }
 
+/// `path` described as an rpc of `kind`: a method of the client's own
+/// `.proto`, whatever the server serves.
+#[allow(dead_code)]
+pub fn described(
+    path: &'static str,
+    kind: rpc_core::codegen::MethodKind,
+) -> &'static rpc_core::codegen::MethodDescriptor {
+    Box::leak(Box::new(rpc_core::codegen::MethodDescriptor {
+        name: "Described",
+        path,
+        id: rpc_core::codegen::method_id(path),
+        kind,
+    }))
+}
+
 /// A channel to a server at its connection limit, once it has room:
 /// retries while connecting fails with `ResourceExhausted`, up to [`LIMIT`].
 pub fn connect_when_there_is_room(url: &str) -> Channel {
