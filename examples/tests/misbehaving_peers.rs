@@ -1,6 +1,6 @@
 //! Peers that break the tcp:// wire's rules where a well-formed frame
 //! cannot show it: acknowledgements of writes never sent, sent bytes never
-//! read, a handshake dripped a byte at a time (large messages never
+//! read (in the clear and inside TLS), a handshake dripped a byte at a time (large messages never
 //! released: `malformed.rs`), and a server that never answers a
 //! `connect_async`. A hand-written peer speaks the soft fabric's wire (see
 //! rpc-core/src/fabric/soft/tcp.rs); each misbehaviour costs the peer its
@@ -26,9 +26,28 @@ const TAG_WRITE_SIGNALED: u8 = 3;
 const TAG_ACK: u8 = 4;
 const WRITE_HEADER: usize = 29;
 
+/// The byte stream a raw peer speaks the wire over: a socket, or TLS on it.
+trait Wire: Read + Write {
+    fn socket(&self) -> &TcpStream;
+}
+
+impl Wire for TcpStream {
+    fn socket(&self) -> &TcpStream {
+        self
+    }
+}
+
+type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+impl Wire for TlsStream {
+    fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
 /// A raw tcp:// peer.
-struct RawTcp {
-    s: TcpStream,
+struct RawTcp<S: Wire = TcpStream> {
+    s: S,
     peer: PeerRing,
     head: usize,
     next_wr: u64,
@@ -37,8 +56,36 @@ struct RawTcp {
 impl RawTcp {
     fn connect(url: &str, ring_len: u64) -> RawTcp {
         let addr = FabricUrl::parse(url).unwrap().socket_addr();
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(LIMIT)).unwrap();
+        RawTcp::hello(TcpStream::connect(addr).unwrap(), ring_len)
+    }
+}
+
+impl RawTcp<TlsStream> {
+    /// A raw peer inside TLS, trusting the CA whose certificate is `ca_pem`.
+    fn connect_tls(url: &str, ring_len: u64, ca_pem: &str) -> RawTcp<TlsStream> {
+        use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+        let addr = FabricUrl::parse(url).unwrap().socket_addr();
+        let stream = rustls::StreamOwned::new(conn, TcpStream::connect(addr).unwrap());
+        RawTcp::hello(stream, ring_len)
+    }
+}
+
+impl<S: Wire> RawTcp<S> {
+    /// Exchanges hellos over `s`, advertising a ring of `ring_len` bytes.
+    fn hello(mut s: S, ring_len: u64) -> RawTcp<S> {
+        s.socket().set_read_timeout(Some(LIMIT)).unwrap();
         s.write_all(&tcp_hello(ring_len, 1 << 15).encode()).unwrap();
         let mut reply = [0; HELLO_LEN];
         s.read_exact(&mut reply).expect("the server's hello");
@@ -108,7 +155,7 @@ impl RawTcp {
     /// the end of the connection or `within` passing. Returns the frame's
     /// header if one came.
     fn next_frame(&mut self, within: Duration) -> Result<Header, String> {
-        self.s.set_read_timeout(Some(within)).unwrap();
+        self.s.socket().set_read_timeout(Some(within)).unwrap();
         let deadline = Instant::now() + within;
         loop {
             if Instant::now() > deadline {
@@ -240,35 +287,66 @@ mod unread {
             let server = serve(test_server(&probe), TCP_ANY);
             let url = server.local_url().to_owned();
             let good = EchoClient::new(quick_channel(&url));
-            echo_ok(&good, "warm").unwrap();
-            let mut raw = RawTcp::connect(&url, 65536);
-            raw.first_credit();
-            let before = rss();
-            let mut batch = Vec::new();
-            for _ in 0..4096 {
-                batch.extend(raw.write_msg(true, 0, Doorbell::Credit { ack: 0 }.encode(), &[]));
-            }
-            let started = Instant::now();
-            let mut sent = 0u64;
-            let closed = loop {
-                if let Err(e) = raw.s.write_all(&batch) {
-                    break Some(e);
-                }
-                sent += 4096;
-                if started.elapsed() > Duration::from_secs(15) {
-                    break None;
-                }
-            };
-            let grown = rss().saturating_sub(before);
-            eprintln!(
-                "{sent} signaled writes, none of their acks read: {closed:?} after {:?}, grew {} MiB",
-                started.elapsed(),
-                grown >> 20
-            );
-            assert!(closed.is_some(), "the peer was never closed");
-            assert!(grown < 64 << 20, "grew {} MiB", grown >> 20);
-            echo_ok(&good, "still").unwrap();
+            never_reads(RawTcp::connect(&url, 65536), &good);
         });
+    }
+
+    /// The same inside TLS, where what waits also includes the records
+    /// the session has sealed and the socket has not taken.
+    #[test]
+    fn a_tls_peer_that_never_reads_is_closed_at_the_bound() {
+        watchdog(|| {
+            let ca = certs::Ca::new("unread CA");
+            let probe = Probe::new();
+            let server = serve(
+                test_server(&probe)
+                    .tls_config(ca.server_config(TCP_ANY))
+                    .unwrap(),
+                TCP_ANY,
+            );
+            let url = server.local_url().to_owned();
+            let good = rpc_core::Channel::builder(&url)
+                .tls_config(ca.client_config())
+                .unwrap()
+                .timeout(Duration::from_secs(3))
+                .connect()
+                .unwrap();
+            let good = EchoClient::new(good);
+            never_reads(RawTcp::connect_tls(&url, 65536, &ca.pem), &good);
+        });
+    }
+
+    /// Sends signaled writes on `raw` without reading until the server
+    /// closes it; checks what that cost the server, and that `good`, on
+    /// another connection, is still served.
+    fn never_reads<S: Wire>(mut raw: RawTcp<S>, good: &EchoClient) {
+        echo_ok(good, "warm").unwrap();
+        raw.first_credit();
+        let before = rss();
+        let mut batch = Vec::new();
+        for _ in 0..4096 {
+            batch.extend(raw.write_msg(true, 0, Doorbell::Credit { ack: 0 }.encode(), &[]));
+        }
+        let started = Instant::now();
+        let mut sent = 0u64;
+        let closed = loop {
+            if let Err(e) = raw.s.write_all(&batch) {
+                break Some(e);
+            }
+            sent += 4096;
+            if started.elapsed() > Duration::from_secs(15) {
+                break None;
+            }
+        };
+        let grown = rss().saturating_sub(before);
+        eprintln!(
+            "{sent} signaled writes, none of their acks read: {closed:?} after {:?}, grew {} MiB",
+            started.elapsed(),
+            grown >> 20
+        );
+        assert!(closed.is_some(), "the peer was never closed");
+        assert!(grown < 64 << 20, "grew {} MiB", grown >> 20);
+        echo_ok(good, "still").unwrap();
     }
 }
 
