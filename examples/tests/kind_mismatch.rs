@@ -66,3 +66,26 @@ on_every_fabric! {
         server.shutdown();
     }
 }
+
+on_every_fabric! {
+    fn a_unary_method_called_as_a_stream_fails_that_call_only(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let channel = channel(server.local_url());
+        // The server's unary `Echo`, thought server-streaming by this client.
+        let unary_as_stream = described("/echo.Echo/Echo", MethodKind::ServerStreaming);
+        let request = Request::new(EchoRequest { payload: b"one answer".to_vec().into() });
+        let mut stream =
+            codegen::server_streaming::<_, EchoReply>(&channel, unary_as_stream, request);
+        let status = stream.blocking_message().unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{status}");
+        assert!(status.message().contains("answered this streaming call with a single response"), "{status}");
+        // The connection serves on.
+        let reply = EchoClient::new(channel)
+            .echo(Request::new(EchoRequest { payload: b"next".to_vec().into() }))
+            .wait()
+            .unwrap();
+        assert_eq!(reply.get_ref().payload, &b"next"[..]);
+        server.shutdown();
+    }
+}

@@ -1972,6 +1972,20 @@ impl<F: Fabric> Role<F> for ClientRole {
                 }
             },
             FrameKind::Window => core.on_grant(h.timeout_us),
+            // A stream's end carries no message (but a client stream's
+            // answer): a message there is a single answer to a method the
+            // server serves as unary or client-streaming. The call fails,
+            // as a unary call answered with a stream does.
+            FrameKind::Response if !final_message && !frame.payload.is_empty() => core.on_end(
+                Err(Status::internal(
+                    "the server answered this streaming call with a single response: the \
+                     method is unary or client-streaming in the server's .proto; build this \
+                     client from the same .proto as the server",
+                )),
+                None,
+                None,
+                true,
+            ),
             FrameKind::Response => {
                 let last = final_message.then_some(frame.payload);
                 core.on_end(Ok(()), last, frame.metadata, true)
