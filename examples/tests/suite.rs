@@ -820,6 +820,39 @@ on_every_fabric! {
 }
 
 on_every_fabric! {
+    /// Timeouts past what the clock or the wire can say: `Duration::MAX`
+    /// means no deadline (no panic), and one over the header's 71.6
+    /// minutes reaches the server as no deadline, not cut short.
+    fn huge_timeouts_mean_no_deadline(url: &str) {
+        let server = serve(test_server(&Probe::new()), url);
+        let left_ms = |channel: &Channel, timeout: Option<Duration>| {
+            let mut request = echo_request("deadline", b"d".to_vec(), &[("report-deadline", "1")]);
+            if let Some(t) = timeout {
+                request.set_timeout(t);
+            }
+            let reply = EchoClient::new(channel.clone()).echo(request).wait().unwrap();
+            reply.metadata().get("deadline-left-ms").unwrap().parse::<i64>().unwrap()
+        };
+        let plain = channel(server.local_url());
+        assert_eq!(left_ms(&plain, Some(Duration::MAX)), -1);
+        assert_eq!(left_ms(&plain, Some(Duration::from_secs(2 * 3600))), -1);
+        let hour = left_ms(&plain, Some(Duration::from_secs(3600)));
+        assert!((3_590_000..=3_600_000).contains(&hour), "{hour} ms left of an hour");
+        // As a channel's default, for connecting and for streams too.
+        let forever = Channel::builder(server.local_url())
+            .timeout(Duration::MAX)
+            .connect_timeout(Duration::MAX)
+            .connect()
+            .unwrap();
+        assert_eq!(left_ms(&forever, None), -1);
+        let stream = EchoClient::new(forever.clone()).stream(StreamRequest { count: 3, size: 8 });
+        assert_eq!(stream.into_iter().map(Result::unwrap).count(), 3);
+        assert!(forever.wait_connected(Duration::MAX));
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
     /// A bug of ours that panics while a dispatcher handles a frame closes
     /// that frame's connection, and only it: the thread lives on and serves
     /// the other connections it polls.

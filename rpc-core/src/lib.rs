@@ -79,6 +79,19 @@ mod sync;
 #[cfg(feature = "tls")]
 pub mod tls;
 
+/// When `timeout` from now ends; `None` if the clock cannot say (a
+/// timeout such as `Duration::MAX`, which means no deadline).
+pub(crate) fn deadline_after(timeout: std::time::Duration) -> Option<std::time::Instant> {
+    std::time::Instant::now().checked_add(timeout)
+}
+
+/// When `timeout` from now ends, a century on at most: for limits that
+/// must have an end, where `Duration::MAX` means "never".
+pub(crate) fn bounded_deadline(timeout: std::time::Duration) -> std::time::Instant {
+    const CENTURY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+    std::time::Instant::now() + timeout.min(CENTURY)
+}
+
 /// Internals for this workspace's tests and benchmarks (feature `testing`):
 /// the wire protocol's pure state and the connection handshake, to build
 /// misbehaving peers and measure the protocol core. Not a stable API.

@@ -67,7 +67,11 @@ impl<T> Request<T> {
     /// Sets how long the caller waits for the response, overriding the
     /// channel's default. A call still running after it fails with
     /// `DeadlineExceeded`; the server sees the remaining budget as
-    /// [`Request::deadline`] and drops work whose deadline has passed.
+    /// [`Request::deadline`] and drops a request whose deadline has passed
+    /// before its handler starts (a running handler learns of it through
+    /// [`Request::cancelled`]). `Duration::MAX` means no deadline; one of
+    /// 71.6 minutes or more, over what the wire carries, is enforced by
+    /// this client alone (the server sees none).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = Some(timeout);
     }

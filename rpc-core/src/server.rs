@@ -1487,7 +1487,9 @@ impl ServerShared {
             remote,
         } = incoming;
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        let deadline = (timeout_us > 0)
+        // 0: none; NO_WIRE_DEADLINE: longer than the header can say, which
+        // is no deadline here (the client enforces its own).
+        let deadline = (timeout_us > 0 && timeout_us != crate::protocol::NO_WIRE_DEADLINE)
             .then(|| crate::dispatch::turn_now() + Duration::from_micros(timeout_us as u64));
         let mut call = ServerCall {
             method_id,
@@ -1737,7 +1739,7 @@ impl<F: Fabric> Stop for ServerStopper<F> {
         }
         // 2. Refuse new calls, let in-flight ones finish and their replies drain.
         self.shared.draining.store(true, Ordering::Release);
-        let deadline = Instant::now() + grace;
+        let deadline = crate::bounded_deadline(grace);
         let drained = wait_until(deadline, || {
             self.shared.inflight.load(Ordering::Acquire) == 0
                 && !self

@@ -1010,16 +1010,16 @@ impl Channel {
 
     /// Waits until a connection is up, or `timeout` passes; true if one is.
     pub fn wait_connected(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::deadline_after(timeout);
         loop {
             let generation = self.inner.ready.generation();
             if self.is_connected() {
                 return true;
             }
-            if Instant::now() >= deadline || !self.inner.may_reconnect() {
+            if deadline.is_some_and(|d| Instant::now() >= d) || !self.inner.may_reconnect() {
                 return false;
             }
-            self.inner.ready.wait(generation, Some(deadline));
+            self.inner.ready.wait(generation, deadline);
         }
     }
 
@@ -1096,7 +1096,7 @@ impl Channel {
                     metadata: request.metadata().clone(),
                     payload: request.get_ref().encode_to_vec(),
                     fail_fast: request.fail_fast(),
-                    deadline: timeout.map(|t| Instant::now() + t),
+                    deadline: timeout.and_then(crate::deadline_after),
                 })
                 .observed_by(obs);
             }
@@ -1299,7 +1299,7 @@ impl Channel {
                     self.inner.clone(),
                     method,
                     metadata.into_owned(),
-                    timeout.map(|t| Instant::now() + t),
+                    timeout.and_then(crate::deadline_after),
                     first,
                     final_message,
                     obs,
@@ -1703,7 +1703,8 @@ impl<F: Fabric> Client<F> {
     /// and, if the clock was read for the deadline, when that was.
     fn register(&self, waiter: Waiter, timeout: Option<Duration>) -> (CallId, Option<Instant>) {
         let now = timeout.map(|_| Instant::now());
-        let deadline = now.zip(timeout).map(|(now, t)| now + t);
+        // A timeout too long for the clock is no deadline at all.
+        let deadline = now.zip(timeout).and_then(|(now, t)| now.checked_add(t));
         let call = Call {
             waiter,
             qp_num: self.conn.qp_num,
@@ -1803,9 +1804,15 @@ impl<F: Fabric> Client<F> {
     }
 }
 
-/// A timeout as the header's microseconds (0 = none; at least 1 otherwise).
+/// A timeout as the header's microseconds (0 = none; at least 1 otherwise;
+/// [`NO_WIRE_DEADLINE`](crate::protocol::NO_WIRE_DEADLINE) for one too
+/// long to say, about 71.6 minutes or more, which the server takes as no
+/// deadline rather than cut short: this client still enforces its own).
 fn timeout_us(timeout: Option<Duration>) -> u32 {
-    timeout.map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32)
+    timeout.map_or(0, |t| {
+        t.as_micros()
+            .clamp(1, crate::protocol::NO_WIRE_DEADLINE as u128) as u32
+    })
 }
 
 fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {

@@ -429,7 +429,7 @@ impl State {
             stream,
             peer,
             self.serial,
-            Instant::now() + self.admission.timeout,
+            crate::bounded_deadline(self.admission.timeout),
             self.admission.tls.is_some(),
         ));
         self.order.push_back((key, self.serial));

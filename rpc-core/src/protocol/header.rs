@@ -27,6 +27,11 @@
 
 use super::CallId;
 
+/// A `Request`'s `timeout_us` for a timeout longer than the field can
+/// say: the server sets no deadline of its own (the client still enforces
+/// its timeout), rather than cut a long one short.
+pub const NO_WIRE_DEADLINE: u32 = u32::MAX;
+
 /// Protocol version this build speaks (2: a `Message` frame carries a
 /// batch, and one write may carry several frames; 3: lent payloads).
 pub const VERSION: u8 = 3;
@@ -111,7 +116,9 @@ pub struct Header {
     pub payload_len: u32,
     /// Bytes of metadata after the header.
     pub metadata_len: u16,
-    /// Caller's timeout in microseconds; 0 means none.
+    /// Caller's timeout in microseconds; 0 means none, and
+    /// [`NO_WIRE_DEADLINE`] one too long for this field (about 71.6
+    /// minutes or more), which the server takes as none.
     pub timeout_us: u32,
     /// Piggy-backed credit return (see [`super::credits`]).
     pub ack: u32,

@@ -1664,7 +1664,7 @@ pub(super) fn connect(
     local: LocalSetup<'_, SoftRegion>,
 ) -> Result<Connected<SoftQp>, FabricError> {
     // The whole connect, dial and handshakes, is bounded by the timeout.
-    let deadline = Instant::now() + local.timeout;
+    let deadline = crate::bounded_deadline(local.timeout);
     let stream = bootstrap::dial(url, local.timeout)?;
     let qp_num = next_qp_num();
     setup(&stream, local.timeout)?;

@@ -323,7 +323,7 @@ impl Fabric for VerbsFabric {
         cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
         // The whole connect, dial and handshakes, is bounded by the timeout.
-        let deadline = std::time::Instant::now() + local.timeout;
+        let deadline = crate::bounded_deadline(local.timeout);
         let stream = bootstrap::dial(url, local.timeout)?;
         stream
             .set_nodelay(true)
@@ -358,7 +358,7 @@ impl Fabric for VerbsFabric {
         local: LocalSetup<'_, VerbsRegion>,
         cq: &VerbsCq,
     ) -> Result<Connected<VerbsQp>, FabricError> {
-        let deadline = std::time::Instant::now() + local.timeout;
+        let deadline = crate::bounded_deadline(local.timeout);
         let peer = admitted.hello;
         let identity = admitted.identity.clone();
         let mut qp = self.new_qp(cq)?;
