@@ -494,9 +494,21 @@ impl ServerCall {
         let mut stream = std::pin::pin!(stream);
         let mut producer = Producer::<Resp>::new();
         let end = std::future::poll_fn(|cx| {
-            let polled = catch_unwind(AssertUnwindSafe(|| {
-                producer.poll(cx, stream.as_mut(), &mut outbox)
-            }));
+            let mut poll = |producer: &mut Producer<Resp>| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    producer.poll(cx, stream.as_mut(), &mut outbox)
+                }))
+            };
+            let polled = match poll(&mut producer) {
+                // The messages the stream yielded before it panicked still
+                // go, then the panic's status (the stream is not polled
+                // again).
+                Err(panic) => {
+                    producer.end_with(StreamEnd::Panicked(panic_message(&*panic)));
+                    poll(&mut producer).map_err(|_| panic)
+                }
+                polled => polled,
+            };
             outbox.flush();
             match polled {
                 Ok(poll) => poll,

@@ -457,6 +457,16 @@ impl StreamCore {
         Poll::Pending
     }
 
+    /// Gives back the window a message of `body_len` bytes took and that
+    /// was not sent after all (its send failed): a later one may use it.
+    fn unsend(&self, body_len: usize) {
+        let mut st = self.state();
+        st.send.unsend(body_len);
+        if let Some(w) = st.writer.take() {
+            w.wake();
+        }
+    }
+
     /// Wakes the task with `cx` once the call ends for sends, too (a
     /// producer waiting on something else still hears of a cancellation).
     fn watch_over(&self, cx: &mut Context<'_>) -> bool {
@@ -611,12 +621,12 @@ impl Outbox {
                 return Poll::Ready(Err(status));
             }
             let buf = self.lent.take().expect("checked above");
+            let body_len = self.first_md().map_or(0, Metadata::encoded_len) + len;
             // Posted at once, with what was corked before it: the reader
             // of a lent message waits for its descriptor to start its
             // read, and the producer may take long over the next message.
             let sent = self.link.send_lent(&self.message_frame(1, len), buf);
-            self.first_metadata = None;
-            return Poll::Ready(sent.map_err(Status::from));
+            return Poll::Ready(self.after_send(sent, body_len));
         }
         if self.count == 0 {
             return Poll::Ready(Ok(()));
@@ -664,10 +674,26 @@ impl Outbox {
         if let Err(status) = ready!(self.poll_window_for(cx, payload_len)) {
             return Poll::Ready(Err(status));
         }
+        let body_len = self.first_md().map_or(0, Metadata::encoded_len) + payload_len;
         let frame = self.message_frame(count, payload_len);
         let sent = self.link.send(&frame, true, fill);
-        self.first_metadata = None;
-        Poll::Ready(sent.map_err(Status::from))
+        Poll::Ready(self.after_send(sent, body_len))
+    }
+
+    /// What a send of a frame of `body_len` bytes came to. The first
+    /// metadata went with a frame that left; one that did not gives its
+    /// window back, and the metadata waits for the next.
+    fn after_send(&mut self, sent: Result<(), SendError>, body_len: usize) -> Result<(), Status> {
+        match sent {
+            Ok(()) => {
+                self.first_metadata = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.core.unsend(body_len);
+                Err(Status::from(e))
+            }
+        }
     }
 
     /// Waits for the window to allow a frame of `payload_len` bytes and the
@@ -742,6 +768,12 @@ impl<M: prost::Message> Producer<M> {
             next: None,
             end: None,
         }
+    }
+
+    /// Ends the stream with `end` without polling it again (it panicked):
+    /// what it yielded before still goes, then `end` is told.
+    pub(crate) fn end_with(&mut self, end: StreamEnd) {
+        self.end = Some(end);
     }
 
     /// Sends what `stream` yields; `Ready` once it ended and all it

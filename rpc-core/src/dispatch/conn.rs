@@ -568,6 +568,17 @@ impl<F: Fabric> Conn<F> {
             Err(e) => {
                 // A full staging area may have asked for a signaled write.
                 self.post_if_due(&mut s);
+                drop(s);
+                if len == HEADER_LEN && matches!(e, SendError::Full(_)) {
+                    // Not even a grant or a cancel fits in the slack: the
+                    // peer returns no credits, and losing the frame would
+                    // stall or leak a stream. The connection fails.
+                    self.set_failure(format!(
+                        "the peer returned no ring credits while {} bytes of control frames \
+                         waited for room",
+                        crate::protocol::connection::CONTROL_SLACK
+                    ));
+                }
                 Err(e)
             }
             Ok(Reserved::Queue) => {

@@ -98,6 +98,10 @@ pub enum Reserved {
     Queue,
 }
 
+/// Bytes of bodiless frames (window grants, cancels, half-closes,
+/// releases) a sender queues beyond its bound rather than drop them.
+pub const CONTROL_SLACK: usize = 1 << 20;
+
 /// The sending half of a connection.
 #[derive(Debug, Clone)]
 pub struct Sender {
@@ -268,6 +272,14 @@ impl Sender {
             ));
         }
         if self.backlog_bytes + len > self.max_backlog {
+            // A frame without a body (a window grant, a cancel, a
+            // half-close, a release) is never dropped for a full queue: a
+            // lost one stalls or leaks a stream for good. It may go over
+            // the bound by CONTROL_SLACK; a peer that leaves even that
+            // queued returns no credits at all (the connection then fails).
+            if len <= HEADER_LEN && self.backlog_bytes + len <= self.max_backlog + CONTROL_SLACK {
+                return Ok(Reserved::Queue);
+            }
             return Err(SendError::Full(
                 "too many bytes queued for the peer's full receive ring",
             ));
@@ -714,6 +726,33 @@ mod tests {
         };
         header.encode((&mut bytes[..HEADER_LEN]).try_into().unwrap());
         bytes
+    }
+
+    #[test]
+    fn a_full_queue_still_takes_bodiless_frames_up_to_the_slack() {
+        let mut s = Sender::new(4096, 4096, 128, 4096).unwrap();
+        // Fill the ring, then the queue up to its bound.
+        while let Ok(Reserved::Ring { offset, staged, .. }) = s.reserve(2048, false) {
+            s.sent(offset, staged, 2048, 0);
+        }
+        s.queue_until(frame(2048, 0), None);
+        assert_eq!(s.reserve(2048, false), Ok(Reserved::Queue));
+        s.queue_until(frame(2048, 0), None);
+        assert!(matches!(
+            s.reserve(HEADER_LEN + 64, false),
+            Err(SendError::Full(_))
+        ));
+        // A grant or a cancel is queued all the same, up to the slack.
+        let mut control = 0;
+        while s.reserve(HEADER_LEN, false) == Ok(Reserved::Queue) {
+            s.queue_until(frame(HEADER_LEN, 0), None);
+            control += HEADER_LEN;
+        }
+        assert_eq!(control, CONTROL_SLACK);
+        assert!(matches!(
+            s.reserve(HEADER_LEN, false),
+            Err(SendError::Full(_))
+        ));
     }
 
     #[test]

@@ -177,6 +177,13 @@ impl SendWindow {
         }
     }
 
+    /// Gives back the cost [`SendWindow::try_send`] took for a message of
+    /// `body_len` bytes that did not leave after all.
+    pub fn unsend(&mut self, body_len: usize) {
+        let cost = window_cost(self.window, body_len);
+        self.available = (self.available + cost).min(self.window as i64);
+    }
+
     /// Window bytes available now (negative after a message above
     /// [`PIPELINED_MAX`]).
     pub fn available(&self) -> i64 {
