@@ -680,22 +680,43 @@ impl http_body::Body for WithTrailers {
 }
 
 /// A client's request stream, as our call sends it: it ends at the
-/// client's half-close, or at an error (the call is then cancelled when
-/// its HTTP/2 stream goes).
-struct Incoming(tonic::Streaming<Bytes>);
+/// client's half-close. One that fails (the client reset its HTTP/2
+/// stream) does not end, which would half-close our call and let the
+/// handler take the messages so far for the whole stream: it stays pending
+/// until the HTTP/2 stream's future is dropped, which cancels our call.
+/// (hyper reports a reset with `CANCEL` or `NO_ERROR`, what a gRPC client
+/// sends when it drops a call, as the body's end: that one cannot be told
+/// from a half-close here.)
+struct Incoming {
+    stream: tonic::Streaming<Bytes>,
+    failed: bool,
+}
+
+impl Incoming {
+    fn new(stream: tonic::Streaming<Bytes>) -> Incoming {
+        Incoming {
+            stream,
+            failed: false,
+        }
+    }
+}
 
 impl Stream for Incoming {
     type Item = RawMessage;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RawMessage>> {
-        Pin::new(&mut self.0).poll_next(cx).map(|m| match m {
-            Some(Ok(b)) => Some(RawMessage(Vec::from(b))),
+        if self.failed {
+            return Poll::Pending;
+        }
+        match std::task::ready!(Pin::new(&mut self.stream).poll_next(cx)) {
+            Some(Ok(b)) => Poll::Ready(Some(RawMessage(Vec::from(b)))),
             Some(Err(status)) => {
                 tracing::debug!(%status, "gRPC request stream failed");
-                None
+                self.failed = true;
+                Poll::Pending
             }
-            None => None,
-        })
+            None => Poll::Ready(None),
+        }
     }
 }
 
@@ -729,7 +750,11 @@ impl tonic::server::ClientStreamingService<Bytes> for ClientStream {
 
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
         let (head, requests) = Call::head(request);
-        Box::pin(answer(self.0.start(head, None, Some(Incoming(requests)))))
+        Box::pin(answer(self.0.start(
+            head,
+            None,
+            Some(Incoming::new(requests)),
+        )))
     }
 }
 
@@ -741,7 +766,7 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
         let (head, requests) = Call::head(request);
         Box::pin(started(
-            self.0.start(head, None, Some(Incoming(requests))),
+            self.0.start(head, None, Some(Incoming::new(requests))),
             self.1.clone(),
         ))
     }
@@ -1066,17 +1091,61 @@ impl Stream for FromServer {
 }
 
 /// Our client's request stream, as tonic sends it: it ends where ours
-/// ends or fails (a failed one cancels the call when its handler goes).
-struct ToServer(Streaming<RawMessage>);
+/// ends. One that fails (our caller cancelled, or its connection went) does
+/// not end: an end would half-close the HTTP/2 stream and the gRPC server
+/// would take the messages so far for the whole stream. It stays pending
+/// until the call is dropped, which resets the HTTP/2 stream.
+struct ToServer {
+    stream: Streaming<RawMessage>,
+    failed: bool,
+}
+
+impl ToServer {
+    fn new(stream: Streaming<RawMessage>) -> ToServer {
+        ToServer {
+            stream,
+            failed: false,
+        }
+    }
+}
 
 impl Stream for ToServer {
     type Item = Bytes;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        Pin::new(&mut self.0)
-            .poll_next(cx)
-            .map(|m| m.and_then(|m| m.ok()).map(|m| Bytes::from(m.0)))
+        if self.failed {
+            return Poll::Pending;
+        }
+        match std::task::ready!(Pin::new(&mut self.stream).poll_next(cx)) {
+            Some(Ok(m)) => Poll::Ready(Some(Bytes::from(m.0))),
+            Some(Err(_)) => {
+                self.failed = true;
+                Poll::Pending
+            }
+            None => Poll::Ready(None),
+        }
     }
+}
+
+/// `call`, unless our caller cancels first: then it is dropped, which
+/// resets the HTTP/2 stream so that the gRPC server learns of it too, and
+/// the forwarded call ends `Cancelled` (nobody reads that answer).
+async fn unless_cancelled<T>(
+    cancelled: impl Future<Output = ()>,
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, Status> {
+    let mut cancelled = std::pin::pin!(cancelled);
+    let mut call = std::pin::pin!(call);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = call.as_mut().poll(cx) {
+            return Poll::Ready(r.map_err(from_grpc));
+        }
+        if cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(Status::cancelled("the caller cancelled the call")));
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// A tonic client of `channel`, once it can send (connected); a channel
@@ -1112,38 +1181,42 @@ impl crate::Service for Forward {
         };
         let channel = self.channel(&target, tls.as_deref());
         match kind.as_str() {
+            // Each waits for tonic's answer unless our caller cancels; a
+            // response stream is dropped on a cancel by the server already.
             "unary" => call.unary_async(move |r: Request<RawMessage>| async move {
                 let mut grpc = ready(channel).await?;
-                let reply = grpc
-                    .unary(to_tonic(r, |m| Bytes::from(m.0)), path, RawCodec)
-                    .await
-                    .map_err(from_grpc)?;
+                let cancelled = r.cancelled();
+                let request = to_tonic(r, |m| Bytes::from(m.0));
+                let reply =
+                    unless_cancelled(cancelled, grpc.unary(request, path, RawCodec)).await?;
                 Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
             }),
             "server" => call.server_streaming(move |r: Request<RawMessage>| async move {
                 let mut grpc = ready(channel).await?;
-                let reply = grpc
-                    .server_streaming(to_tonic(r, |m| Bytes::from(m.0)), path, RawCodec)
-                    .await
-                    .map_err(from_grpc)?;
+                let cancelled = r.cancelled();
+                let request = to_tonic(r, |m| Bytes::from(m.0));
+                let reply =
+                    unless_cancelled(cancelled, grpc.server_streaming(request, path, RawCodec))
+                        .await?;
                 Ok(FromServer::response(reply))
             }),
             "client" => {
                 call.client_streaming(move |r: Request<Streaming<RawMessage>>| async move {
                     let mut grpc = ready(channel).await?;
-                    let reply = grpc
-                        .client_streaming(to_tonic(r, ToServer), path, RawCodec)
-                        .await
-                        .map_err(from_grpc)?;
+                    let cancelled = r.cancelled();
+                    let request = to_tonic(r, ToServer::new);
+                    let reply =
+                        unless_cancelled(cancelled, grpc.client_streaming(request, path, RawCodec))
+                            .await?;
                     Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
                 })
             }
             _ => call.streaming(move |r: Request<Streaming<RawMessage>>| async move {
                 let mut grpc = ready(channel).await?;
-                let reply = grpc
-                    .streaming(to_tonic(r, ToServer), path, RawCodec)
-                    .await
-                    .map_err(from_grpc)?;
+                let cancelled = r.cancelled();
+                let request = to_tonic(r, ToServer::new);
+                let reply =
+                    unless_cancelled(cancelled, grpc.streaming(request, path, RawCodec)).await?;
                 Ok(FromServer::response(reply))
             }),
         }
