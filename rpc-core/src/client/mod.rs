@@ -390,6 +390,9 @@ impl fmt::Debug for ChannelBuilder {
 
 impl ChannelBuilder {
     /// Default timeout of every call (none by default); [`Request::set_timeout`] overrides it.
+    ///
+    /// It bounds streams too, from start to end: a stream meant to outlive
+    /// it (a health `Watch`, a feed) sets its own, `Duration::MAX` for none.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
