@@ -365,21 +365,26 @@ on_soft_fabrics! {
     }
 }
 
+/// Reads `s` to its end: the messages read, and the error it ended with.
+fn read_to_end<T: prost::Message + Default>(mut s: Streaming<T>) -> (usize, Option<Status>) {
+    let mut n = 0;
+    loop {
+        match s.blocking_message() {
+            Ok(Some(_)) => n += 1,
+            Ok(None) => return (n, None),
+            Err(e) => return (n, Some(e)),
+        }
+    }
+}
+
 on_soft_fabrics! {
     /// A response stream that yields an error mid-way: the client reads the
     /// messages before, then the error.
     fn midstream_error(url: &str) {
         let (_server, _live, u) = start(url);
         let client = client_for(&u, Some(LIMIT));
-        let mut s = client.list_features(rect_req(&[("after", "1000"), ("then", "error")]));
-        let mut n = 0;
-        let end = loop {
-            match s.blocking_message() {
-                Ok(Some(_)) => n += 1,
-                Ok(None) => break None,
-                Err(e) => break Some(e),
-            }
-        };
+        let s = client.list_features(rect_req(&[("after", "1000"), ("then", "error")]));
+        let (n, end) = read_to_end(s);
         assert_eq!(n, 1000);
         assert_eq!(end.unwrap().code(), Code::Aborted);
         unary_ok(&client);
@@ -387,18 +392,13 @@ on_soft_fabrics! {
 }
 
 on_soft_fabrics! {
+    /// A response stream that panics mid-way: the client reads the messages
+    /// it yielded before, then `Internal`.
     fn midstream_panic(url: &str) {
         let (_server, live, u) = start(url);
         let client = client_for(&u, Some(LIMIT));
-        let mut s = client.list_features(rect_req(&[("after", "300"), ("then", "panic")]));
-        let mut n = 0;
-        let end = loop {
-            match s.blocking_message() {
-                Ok(Some(_)) => n += 1,
-                Ok(None) => break None,
-                Err(e) => break Some(e),
-            }
-        };
+        let s = client.list_features(rect_req(&[("after", "300"), ("then", "panic")]));
+        let (n, end) = read_to_end(s);
         assert_eq!(n, 300);
         assert_eq!(end.unwrap().code(), Code::Internal);
         unary_ok(&client);
@@ -578,23 +578,44 @@ on_soft_fabrics! {
 
 use examples::echo::echo_client::EchoClient;
 
+/// A server with one dispatcher, which a test blocks with the echo
+/// service's `sleep-ms`, serving the attacks' route guide too; and a
+/// channel to it with a timeout of `timeout_s` seconds.
+struct Blockable {
+    probe: Arc<Probe>,
+    svc: Adversary,
+    server: rpc_core::ServerHandle,
+    client: RouteGuideClient,
+    echo: EchoClient,
+}
+
+fn blockable(url: &str, timeout_s: u64) -> Blockable {
+    let probe = Probe::new();
+    let svc = Adversary::default();
+    let server = serve(
+        test_server_with(&probe, true)
+            .dispatchers(1)
+            .add_service(RouteGuideServer::new(svc.clone())),
+        url,
+    );
+    let ch = Channel::builder(server.local_url())
+        .timeout(Duration::from_secs(timeout_s))
+        .connect()
+        .unwrap();
+    Blockable {
+        probe,
+        svc,
+        server,
+        client: RouteGuideClient::new(ch.clone()),
+        echo: EchoClient::new(ch),
+    }
+}
+
 on_soft_fabrics! {
-    /// Window grants are sent with the connection's ordinary send: if the
-    /// backlog toward the peer is full, the grant fails and is dropped, and
-    /// the stream stalls for good.
-    fn grant_lost_when_backlog_full(url: &str) {
-        let probe = Probe::new();
-        let svc = Adversary::default();
-        let server = serve(
-            test_server_with(&probe, true)
-                .dispatchers(1)
-                .add_service(RouteGuideServer::new(svc.clone())),
-            url,
-        );
-        let u = server.local_url().to_owned();
-        let ch = Channel::builder(&u).timeout(Duration::from_secs(30)).connect().unwrap();
-        let client = RouteGuideClient::new(ch.clone());
-        let echo = EchoClient::new(ch.clone());
+    /// A window grant that falls due while the connection's send queue is
+    /// full is queued, not dropped: the stream goes on once it drains.
+    fn a_grant_survives_a_full_send_queue(url: &str) {
+        let Blockable { probe, svc, server: _server, client, echo } = blockable(url, 30);
         let mut s = client.list_features(rect_req(&[("size", "4000")]));
         let _ = s.blocking_message().unwrap().unwrap();
         std::thread::sleep(Duration::from_millis(300));
@@ -630,9 +651,8 @@ on_soft_fabrics! {
             calls.push(c);
         }
         eprintln!("backlog topped up: {} calls", calls.len());
-        // Read what is in the inbox: the grants due now cannot be sent.
-        let reads: usize = std::env::var("READS").map_or(63, |v| v.parse().unwrap());
-        for _ in 0..reads {
+        // Read what is in the inbox: the grants due now meet the full queue.
+        for _ in 0..63 {
             let _ = s.blocking_message().unwrap().unwrap();
         }
         let mut probe_call = echo.echo(echo_request("probe", vec![], &[]));
@@ -710,28 +730,17 @@ fn fill_backlog(echo: &EchoClient) -> Vec<rpc_core::UnaryCall<examples::echo::Ec
 }
 
 on_soft_fabrics! {
-    /// A Cancel sent while the backlog is full is dropped: the server's
-    /// stream (and handler task) live on after the client let go.
-    fn cancel_lost_when_backlog_full(url: &str) {
-        let probe = Probe::new();
-        let svc = Adversary::default();
-        let server = serve(
-            test_server_with(&probe, true)
-                .dispatchers(1)
-                .add_service(RouteGuideServer::new(svc.clone())),
-            url,
-        );
-        let u = server.local_url().to_owned();
-        let ch = Channel::builder(&u).timeout(Duration::from_secs(30)).connect().unwrap();
-        let client = RouteGuideClient::new(ch.clone());
-        let echo = EchoClient::new(ch.clone());
+    /// A cancel sent while the send queue is full is queued, not dropped:
+    /// the server's stream and handler task end once it drains.
+    fn a_cancel_survives_a_full_send_queue(url: &str) {
+        let Blockable { probe, svc, server: _server, client, echo } = blockable(url, 30);
         let mut s = client.list_features(rect_req(&[("size", "4000")]));
         let _ = s.blocking_message().unwrap().unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let blocker = echo.echo(echo_request("blocker", vec![1], &[("sleep-ms", "2000")]));
         probe.wait_entered("blocker");
         let calls = fill_backlog(&echo);
-        drop(s); // sends Cancel: fails, silently
+        drop(s); // its cancel meets the full queue
         let _ = blocker.wait();
         for c in calls { let _ = c.wait(); }
         unary_ok(&client);
@@ -746,7 +755,7 @@ on_soft_fabrics! {
     fn unread_request_streams_stall_connection(url: &str) {
         let (_server, _live, u) = start(url);
         let client = client_for(&u, Some(Duration::from_secs(5)));
-        let n: usize = std::env::var("STREAMS").map_or(8, |v| v.parse().unwrap());
+        let n = 8;
         let mut held = Vec::new();
         for i in 0..n {
             let mut r = Request::new(());
@@ -767,28 +776,17 @@ on_soft_fabrics! {
 }
 
 on_soft_fabrics! {
-    /// A stream send that fails because the connection's backlog is full
-    /// has already taken its window: the window is lost for good.
-    fn failed_send_leaks_window(url: &str) {
-        let probe = Probe::new();
-        let svc = Adversary::default();
-        let server = serve(
-            test_server_with(&probe, true)
-                .dispatchers(1)
-                .add_service(RouteGuideServer::new(svc.clone())),
-            url,
-        );
-        let u = server.local_url().to_owned();
-        let ch = Channel::builder(&u).timeout(Duration::from_secs(120)).connect().unwrap();
-        let client = RouteGuideClient::new(ch.clone());
-        let echo = EchoClient::new(ch.clone());
+    /// Stream sends that fail for a full send queue give back the window
+    /// they took: later sends go through once it drains.
+    fn failed_sends_give_back_their_window(url: &str) {
+        let Blockable { probe, svc: _, server: _server, client, echo } = blockable(url, 120);
         let (mut tx, mut rx) = client.route_chat_sender(());
         tx.send(RouteNote { location: None, message: "hello".into() }).unwrap();
         assert_eq!(rx.blocking_message().unwrap().unwrap().message, "hello");
         let blocker = echo.echo(echo_request("blocker", vec![1], &[("sleep-ms", "2000")]));
         probe.wait_entered("blocker");
         let calls = fill_backlog(&echo);
-        let failures: usize = std::env::var("FAILURES").map_or(60, |v| v.parse().unwrap());
+        let failures = 60;
         for _ in 0..failures {
             let e = tx.send(RouteNote { location: None, message: "m".repeat(4000) }).unwrap_err();
             assert_eq!(e.code(), Code::ResourceExhausted);
