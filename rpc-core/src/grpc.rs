@@ -269,9 +269,7 @@ impl Local {
                 final_message: !kind.server_streams(),
             },
         });
-        let timeout_us = head
-            .timeout
-            .map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32);
+        let timeout_us = crate::protocol::timeout_field(head.timeout);
         self.shared.start_call_on_tokio(
             &self.registry,
             NewCall {
@@ -679,45 +677,68 @@ impl http_body::Body for WithTrailers {
     }
 }
 
-/// A client's request stream, as our call sends it: it ends at the
-/// client's half-close. One that fails (the client reset its HTTP/2
-/// stream) does not end, which would half-close our call and let the
-/// handler take the messages so far for the whole stream: it stays pending
-/// until the HTTP/2 stream's future is dropped, which cancels our call.
-/// (hyper reports a reset with `CANCEL` or `NO_ERROR`, what a gRPC client
-/// sends when it drops a call, as the body's end: that one cannot be told
-/// from a half-close here.)
-struct Incoming {
-    stream: tonic::Streaming<Bytes>,
+/// A request stream passed on to the other side (a gRPC client's to our
+/// call on the face, our client's to a gRPC server through the gateway):
+/// each message through `map`, until the stream ends, which half-closes the
+/// call on the other side. One that fails (its caller cancelled, reset its
+/// HTTP/2 stream or lost its connection) does not end: an end would let
+/// the handler take the messages so far for the whole stream. It stays
+/// pending until the call is dropped, which cancels it on the other side
+/// too. (hyper reports a reset with `CANCEL` or `NO_ERROR`, what a gRPC
+/// client sends when it drops a call, as the body's end: on the face, that
+/// one cannot be told from a half-close.)
+struct UntilFailed<S, F> {
+    stream: S,
+    map: F,
     failed: bool,
 }
 
-impl Incoming {
-    fn new(stream: tonic::Streaming<Bytes>) -> Incoming {
-        Incoming {
+impl<S, F> UntilFailed<S, F> {
+    fn new(stream: S, map: F) -> UntilFailed<S, F> {
+        UntilFailed {
             stream,
+            map,
             failed: false,
         }
     }
 }
 
-impl Stream for Incoming {
-    type Item = RawMessage;
+impl<S, F, T, U, E> Stream for UntilFailed<S, F>
+where
+    S: Stream<Item = Result<T, E>> + Unpin,
+    F: FnMut(T) -> U + Unpin,
+    E: std::fmt::Display,
+{
+    type Item = U;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RawMessage>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<U>> {
         if self.failed {
             return Poll::Pending;
         }
         match std::task::ready!(Pin::new(&mut self.stream).poll_next(cx)) {
-            Some(Ok(b)) => Poll::Ready(Some(RawMessage(Vec::from(b)))),
-            Some(Err(status)) => {
-                tracing::debug!(%status, "gRPC request stream failed");
+            Some(Ok(m)) => Poll::Ready(Some((self.map)(m))),
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "request stream failed");
                 self.failed = true;
                 Poll::Pending
             }
             None => Poll::Ready(None),
         }
     }
+}
+
+/// A gRPC client's request stream, as our call on the face reads it.
+type Incoming = UntilFailed<tonic::Streaming<Bytes>, fn(Bytes) -> RawMessage>;
+
+fn incoming(stream: tonic::Streaming<Bytes>) -> Incoming {
+    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)))
+}
+
+/// Our client's request stream, as the gateway sends it to a gRPC server.
+fn to_server(
+    stream: Streaming<RawMessage>,
+) -> UntilFailed<Streaming<RawMessage>, fn(RawMessage) -> Bytes> {
+    UntilFailed::new(stream, |m| Bytes::from(m.0))
 }
 
 /// A server-streaming call (tonic's service traits, one type per kind),
@@ -750,11 +771,7 @@ impl tonic::server::ClientStreamingService<Bytes> for ClientStream {
 
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
         let (head, requests) = Call::head(request);
-        Box::pin(answer(self.0.start(
-            head,
-            None,
-            Some(Incoming::new(requests)),
-        )))
+        Box::pin(answer(self.0.start(head, None, Some(incoming(requests)))))
     }
 }
 
@@ -766,7 +783,7 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
         let (head, requests) = Call::head(request);
         Box::pin(started(
-            self.0.start(head, None, Some(Incoming::new(requests))),
+            self.0.start(head, None, Some(incoming(requests))),
             self.1.clone(),
         ))
     }
@@ -1090,43 +1107,6 @@ impl Stream for FromServer {
     }
 }
 
-/// Our client's request stream, as tonic sends it: it ends where ours
-/// ends. One that fails (our caller cancelled, or its connection went) does
-/// not end: an end would half-close the HTTP/2 stream and the gRPC server
-/// would take the messages so far for the whole stream. It stays pending
-/// until the call is dropped, which resets the HTTP/2 stream.
-struct ToServer {
-    stream: Streaming<RawMessage>,
-    failed: bool,
-}
-
-impl ToServer {
-    fn new(stream: Streaming<RawMessage>) -> ToServer {
-        ToServer {
-            stream,
-            failed: false,
-        }
-    }
-}
-
-impl Stream for ToServer {
-    type Item = Bytes;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        if self.failed {
-            return Poll::Pending;
-        }
-        match std::task::ready!(Pin::new(&mut self.stream).poll_next(cx)) {
-            Some(Ok(m)) => Poll::Ready(Some(Bytes::from(m.0))),
-            Some(Err(_)) => {
-                self.failed = true;
-                Poll::Pending
-            }
-            None => Poll::Ready(None),
-        }
-    }
-}
-
 /// `call`, unless our caller cancels first: then it is dropped, which
 /// resets the HTTP/2 stream so that the gRPC server learns of it too, and
 /// the forwarded call ends `Cancelled` (nobody reads that answer).
@@ -1204,7 +1184,7 @@ impl crate::Service for Forward {
                 call.client_streaming(move |r: Request<Streaming<RawMessage>>| async move {
                     let mut grpc = ready(channel).await?;
                     let cancelled = r.cancelled();
-                    let request = to_tonic(r, ToServer::new);
+                    let request = to_tonic(r, to_server);
                     let reply =
                         unless_cancelled(cancelled, grpc.client_streaming(request, path, RawCodec))
                             .await?;
@@ -1214,7 +1194,7 @@ impl crate::Service for Forward {
             _ => call.streaming(move |r: Request<Streaming<RawMessage>>| async move {
                 let mut grpc = ready(channel).await?;
                 let cancelled = r.cancelled();
-                let request = to_tonic(r, ToServer::new);
+                let request = to_tonic(r, to_server);
                 let reply =
                     unless_cancelled(cancelled, grpc.streaming(request, path, RawCodec)).await?;
                 Ok(FromServer::response(reply))

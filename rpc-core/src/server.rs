@@ -1499,10 +1499,8 @@ impl ServerShared {
             remote,
         } = incoming;
         self.inflight.fetch_add(1, Ordering::AcqRel);
-        // 0: none; NO_WIRE_DEADLINE: longer than the header can say, which
-        // is no deadline here (the client enforces its own).
-        let deadline = (timeout_us > 0 && timeout_us != crate::protocol::NO_WIRE_DEADLINE)
-            .then(|| crate::dispatch::turn_now() + Duration::from_micros(timeout_us as u64));
+        let deadline =
+            crate::protocol::field_timeout(timeout_us).map(|t| crate::dispatch::turn_now() + t);
         let mut call = ServerCall {
             method_id,
             call_id,

@@ -617,11 +617,11 @@ impl Outbox {
     /// stay corked until [`Outbox::flush`].
     fn poll_send_batch(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         if let Some(len) = self.lent.as_ref().map(LendBuf::len) {
-            if let Err(status) = ready!(self.poll_window_for(cx, len)) {
-                return Poll::Ready(Err(status));
-            }
+            let body_len = match ready!(self.poll_window_for(cx, len)) {
+                Ok(body_len) => body_len,
+                Err(status) => return Poll::Ready(Err(status)),
+            };
             let buf = self.lent.take().expect("checked above");
-            let body_len = self.first_md().map_or(0, Metadata::encoded_len) + len;
             // Posted at once, with what was corked before it: the reader
             // of a lent message waits for its descriptor to start its
             // read, and the producer may take long over the next message.
@@ -671,10 +671,10 @@ impl Outbox {
         payload_len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Poll<Result<(), Status>> {
-        if let Err(status) = ready!(self.poll_window_for(cx, payload_len)) {
-            return Poll::Ready(Err(status));
-        }
-        let body_len = self.first_md().map_or(0, Metadata::encoded_len) + payload_len;
+        let body_len = match ready!(self.poll_window_for(cx, payload_len)) {
+            Ok(body_len) => body_len,
+            Err(status) => return Poll::Ready(Err(status)),
+        };
         let frame = self.message_frame(count, payload_len);
         let sent = self.link.send(&frame, true, fill);
         Poll::Ready(self.after_send(sent, body_len))
@@ -697,14 +697,17 @@ impl Outbox {
     }
 
     /// Waits for the window to allow a frame of `payload_len` bytes and the
-    /// metadata it carries.
+    /// metadata it carries; then the frame's body length, whose window it
+    /// took (given back by [`Outbox::after_send`] if the send fails).
     fn poll_window_for(
         &self,
         cx: &mut Context<'_>,
         payload_len: usize,
-    ) -> Poll<Result<(), Status>> {
-        let md_len = self.first_md().map_or(0, Metadata::encoded_len);
-        self.core.poll_window(cx, md_len + payload_len)
+    ) -> Poll<Result<usize, Status>> {
+        let body_len = self.first_md().map_or(0, Metadata::encoded_len) + payload_len;
+        self.core
+            .poll_window(cx, body_len)
+            .map(|taken| taken.map(|()| body_len))
     }
 
     /// The metadata the next frame carries: the first metadata, until a

@@ -1741,7 +1741,7 @@ impl<F: Fabric> Client<F> {
             call_id: id,
             method_id,
             status: 0,
-            timeout_us: timeout_us(timeout),
+            timeout_us: crate::protocol::timeout_field(timeout),
             metadata: Some(metadata),
             payload_len,
         };
@@ -1780,7 +1780,7 @@ impl<F: Fabric> Client<F> {
             call_id: id,
             method_id: method.id,
             status: 0,
-            timeout_us: timeout_us(timeout),
+            timeout_us: crate::protocol::timeout_field(timeout),
             metadata: Some(metadata),
             payload_len: first.map_or(0, |m| m.encoded_len()),
         };
@@ -1805,17 +1805,6 @@ impl<F: Fabric> Client<F> {
             send_cancel(&self.conn, id);
         }
     }
-}
-
-/// A timeout as the header's microseconds (0 = none; at least 1 otherwise;
-/// [`NO_WIRE_DEADLINE`](crate::protocol::NO_WIRE_DEADLINE) for one too
-/// long to say, about 71.6 minutes or more, which the server takes as no
-/// deadline rather than cut short: this client still enforces its own).
-fn timeout_us(timeout: Option<Duration>) -> u32 {
-    timeout.map_or(0, |t| {
-        t.as_micros()
-            .clamp(1, crate::protocol::NO_WIRE_DEADLINE as u128) as u32
-    })
 }
 
 fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {

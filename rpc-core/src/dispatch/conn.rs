@@ -569,7 +569,8 @@ impl<F: Fabric> Conn<F> {
                 // A full staging area may have asked for a signaled write.
                 self.post_if_due(&mut s);
                 drop(s);
-                if len == HEADER_LEN && matches!(e, SendError::Full(_)) {
+                if crate::protocol::connection::is_bodiless(len) && matches!(e, SendError::Full(_))
+                {
                     // Not even a grant or a cancel fits in the slack: the
                     // peer returns no credits, and losing the frame would
                     // stall or leak a stream. The connection fails.

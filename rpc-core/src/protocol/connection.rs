@@ -102,6 +102,12 @@ pub enum Reserved {
 /// releases) a sender queues beyond its bound rather than drop them.
 pub const CONTROL_SLACK: usize = 1 << 20;
 
+/// Whether a frame of `len` bytes, header included, is bodiless: one that
+/// may use [`CONTROL_SLACK`].
+pub fn is_bodiless(len: usize) -> bool {
+    len <= HEADER_LEN
+}
+
 /// The sending half of a connection.
 #[derive(Debug, Clone)]
 pub struct Sender {
@@ -277,7 +283,7 @@ impl Sender {
             // lost one stalls or leaks a stream for good. It may go over
             // the bound by CONTROL_SLACK; a peer that leaves even that
             // queued returns no credits at all (the connection then fails).
-            if len <= HEADER_LEN && self.backlog_bytes + len <= self.max_backlog + CONTROL_SLACK {
+            if is_bodiless(len) && self.backlog_bytes + len <= self.max_backlog + CONTROL_SLACK {
                 return Ok(Reserved::Queue);
             }
             return Err(SendError::Full(

@@ -32,6 +32,21 @@ use super::CallId;
 /// its timeout), rather than cut a long one short.
 pub const NO_WIRE_DEADLINE: u32 = u32::MAX;
 
+/// A caller's timeout as a `Request`'s `timeout_us`: 0 for none, at least
+/// 1 otherwise, [`NO_WIRE_DEADLINE`] for one of about 71.6 minutes or more.
+pub fn timeout_field(timeout: Option<std::time::Duration>) -> u32 {
+    timeout.map_or(0, |t| {
+        t.as_micros().clamp(1, u128::from(NO_WIRE_DEADLINE)) as u32
+    })
+}
+
+/// The timeout a `Request`'s `timeout_us` gives the server: none for 0 and
+/// for [`NO_WIRE_DEADLINE`].
+pub fn field_timeout(timeout_us: u32) -> Option<std::time::Duration> {
+    (timeout_us != 0 && timeout_us != NO_WIRE_DEADLINE)
+        .then(|| std::time::Duration::from_micros(u64::from(timeout_us)))
+}
+
 /// Protocol version this build speaks (2: a `Message` frame carries a
 /// batch, and one write may carry several frames; 3: lent payloads).
 pub const VERSION: u8 = 3;
@@ -278,6 +293,24 @@ fn u32_at(b: &[u8; HEADER_LEN], at: usize) -> u32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn timeouts_the_field_cannot_say_are_none_at_the_server() {
+        use std::time::Duration;
+        assert_eq!(timeout_field(None), 0);
+        assert_eq!(field_timeout(0), None);
+        assert_eq!(timeout_field(Some(Duration::ZERO)), 1, "0 would mean none");
+        let hour = Duration::from_secs(3600);
+        assert_eq!(field_timeout(timeout_field(Some(hour))), Some(hour));
+        for long in [Duration::from_secs(2 * 3600), Duration::MAX] {
+            assert_eq!(timeout_field(Some(long)), NO_WIRE_DEADLINE);
+        }
+        assert_eq!(field_timeout(NO_WIRE_DEADLINE), None);
+        assert_eq!(
+            field_timeout(NO_WIRE_DEADLINE - 1),
+            Some(Duration::from_micros(u64::from(NO_WIRE_DEADLINE - 1)))
+        );
+    }
 
     fn sample() -> Header {
         Header {

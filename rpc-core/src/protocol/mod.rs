@@ -44,6 +44,9 @@ pub use connection::{Arrived, Receiver, Reserved, SendError, Sender, Transmit};
 pub use credits::{CreditError, CreditReturn};
 pub use doorbell::Doorbell;
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))]
-pub use header::{FrameKind, HEADER_LEN, Header, HeaderError, NO_WIRE_DEADLINE, VERSION};
+pub use header::{
+    FrameKind, HEADER_LEN, Header, HeaderError, NO_WIRE_DEADLINE, VERSION, field_timeout,
+    timeout_field,
+};
 #[cfg_attr(not(feature = "testing"), allow(unused_imports))]
 pub use ring::{ALIGN, RecvRing, RingError, SendRing, Slot, Staging, align_up, staging_size};
