@@ -586,9 +586,12 @@ impl<F: Fabric> Conn<F> {
                 crate::observe::backpressure();
                 let mut bytes = vec![0u8; len];
                 write(&mut bytes, 0);
-                // A request's timeout counts down while it waits here.
-                let expires = (frame.kind == FrameKind::Request && frame.timeout_us > 0)
-                    .then(|| clock_us() + u64::from(frame.timeout_us));
+                // A request's timeout counts down while it waits here (one
+                // too long for the wire stays none).
+                let expires = (frame.kind == FrameKind::Request)
+                    .then(|| crate::protocol::field_timeout(frame.timeout_us))
+                    .flatten()
+                    .map(|t| clock_us() + t.as_micros() as u64);
                 s.proto.queue_until(bytes, expires);
                 self.post_if_due(&mut s);
                 Ok(false)
