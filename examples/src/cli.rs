@@ -143,7 +143,7 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
     }
     let signal = wait_for_termination(&signals);
     eprintln!("{name}: signal {signal}: shutting down");
-    health.set_status(service_name, ServingStatus::NotServing);
+    // Sets every health status to NOT_SERVING and ends the watches.
     server.shutdown();
     eprintln!("{name}: stopped");
     std::process::exit(0);

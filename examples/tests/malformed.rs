@@ -68,6 +68,7 @@ impl Raw {
         let local = LocalSetup {
             ring: &ring,
             max_message,
+            max_streams: 0,
             timeout: LIMIT,
             credential: None,
             tls: None,
@@ -535,6 +536,38 @@ on_soft_fabrics! {
     }
 }
 
+on_soft_fabrics! {
+    fn streams_beyond_the_limit_are_refused_and_the_connection_goes_on(url: &str) {
+        let (_, health) = rpc_core::health::service();
+        let server = serve(
+            test_server(&Probe::new()).max_concurrent_streams(2).add_service(health),
+            url,
+        );
+        let mut raw = Raw::connect(server.local_url());
+        assert_eq!(raw.peer.max_streams, 2, "the server said its limit");
+        raw.echo(b"hello");
+        let first = open_watch(&mut raw);
+        open_watch(&mut raw);
+        // A peer that ignores the limit: its third stream fails, alone.
+        let third = raw.call_id();
+        let request = rpc_core::health::HealthCheckRequest::default().encode_to_vec();
+        raw.send_at_head(&request_frame(WATCH, third, &[], &request), None);
+        let refused = raw.receive();
+        assert_eq!(refused.header.kind, FrameKind::Error, "{refused:?}");
+        assert_eq!(refused.header.call_id, third);
+        assert_eq!(Code::from_u16(refused.header.status), Code::ResourceExhausted);
+        let why = String::from_utf8_lossy(&refused.payload);
+        assert!(why.contains("2 streams") && why.contains("max_concurrent_streams"), "{why}");
+        raw.echo(b"unary calls do not count");
+        // A cancelled stream frees its place at once.
+        raw.send_at_head(&call_frame(FrameKind::Cancel, first, 0, &[]), None);
+        open_watch(&mut raw);
+        raw.echo(b"still here");
+        drop(raw);
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
 /// A TCP connection to a `tcp://` server that speaks the soft fabric's wire
 /// protocol by hand (see `rpc_core::fabric::soft`): the handshake, then
 /// `WRITE` messages.
@@ -619,6 +652,11 @@ mod tcp_wire {
             // Its message limit is its own setting: larger messages than
             // the ring holds travel by rendezvous.
             assert_eq!(theirs.ring.max_message, 64 << 20, "{theirs:?}");
+            assert_eq!(
+                theirs.ring.max_streams,
+                rpc_core::server::DEFAULT_MAX_CONCURRENT_STREAMS,
+                "{theirs:?}"
+            );
             drop(stream);
             finish(server, good);
         });

@@ -973,3 +973,62 @@ on_every_fabric! {
         server.shutdown();
     }
 }
+
+on_every_fabric! {
+    /// A server serves a bounded number of streams at once per connection:
+    /// a client's stream beyond the limit waits until one of the
+    /// connection's streams ends (or fails at its deadline, saying why),
+    /// and unary calls do not count.
+    fn a_stream_beyond_the_servers_limit_waits_for_one_to_end(url: &str) {
+        use rpc_core::health::{HealthCheckRequest, HealthClient, ServingStatus};
+        let probe = Probe::new();
+        let (_reporter, health) = rpc_core::health::service();
+        let server = serve(
+            test_server(&probe).max_concurrent_streams(2).add_service(health),
+            url,
+        );
+        let ch = channel(server.local_url());
+        let health = HealthClient::new(ch.clone());
+        let echo = EchoClient::new(ch);
+        let serving = |w: &mut rpc_core::Streaming<rpc_core::health::HealthCheckResponse>| {
+            let status = w.blocking_message().unwrap().expect("a first status");
+            assert_eq!(status.status, ServingStatus::Serving as i32);
+        };
+        let mut first = health.watch("");
+        let mut second = health.watch("");
+        serving(&mut first);
+        serving(&mut second);
+        // Unary calls go on beside the two streams.
+        let reply = echo.echo(echo_request("beside", b"ok".to_vec(), &[])).wait().unwrap();
+        assert_eq!(reply.into_inner().payload, &b"ok"[..]);
+        // A third with a deadline fails at it, naming the limit.
+        let mut request = Request::new(HealthCheckRequest::default());
+        request.set_timeout(Duration::from_millis(200));
+        let started = Instant::now();
+        let e = expect_code(
+            health.watch_request(request).blocking_message(),
+            Code::DeadlineExceeded,
+        );
+        assert!(started.elapsed() >= Duration::from_millis(150), "{e}");
+        assert!(e.message().contains("max_concurrent_streams"), "{e}");
+        // A third without one waits, on another thread, until the first ends.
+        let waiting = health.clone();
+        let third = std::thread::spawn(move || {
+            let mut third = waiting.watch("");
+            let status = third.blocking_message();
+            (status, third)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!third.is_finished(), "the third stream did not wait");
+        drop(first);
+        let (status, third) = third.join().unwrap();
+        let status = status.unwrap().expect("a first status");
+        assert_eq!(status.status, ServingStatus::Serving as i32);
+        // A stream that ends on its own frees its place too.
+        drop(second);
+        let mut fourth = health.watch("");
+        serving(&mut fourth);
+        drop((third, fourth));
+        bounded("shutdown", move || server.shutdown());
+    }
+}

@@ -54,6 +54,7 @@ pub fn tcp_hello() -> Hello {
             len: 1 << 16,
             rkey: 7,
             max_message: 1 << 14,
+            max_streams: 0,
         },
     }
 }

@@ -70,7 +70,8 @@ impl GrpcFace {
         handle: Option<tokio::runtime::Handle>,
         tls: Option<FaceTls>,
     ) -> Result<GrpcFace, Status> {
-        let mut server = tonic::transport::Server::builder();
+        let mut server =
+            tonic::transport::Server::builder().max_concurrent_streams(shared.max_streams());
         #[cfg(feature = "tls")]
         if let Some(tls) = tls {
             server = server

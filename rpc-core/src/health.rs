@@ -12,13 +12,18 @@
 //!     .add_service(health)
 //!     .serve("tcp://0.0.0.0:7471")?;
 //! reporter.set_status("kv.Kv", ServingStatus::Serving);
-//! // ... and before a planned shutdown:
+//! // ... and to drain traffic some time before a planned shutdown:
 //! reporter.set_status("", ServingStatus::NotServing);
 //! # Ok(()) }
 //! ```
 //!
 //! The empty service name stands for the server as a whole; it is
-//! `Serving` from the start.
+//! `Serving` from the start. When the server shuts down
+//! ([`ServerHandle::shutdown`](crate::ServerHandle::shutdown)), every
+//! status becomes `NotServing` for good and each `Watch` stream ends after
+//! saying so: watchers learn at once, and the shutdown does not wait for
+//! them. A health service added to several servers does this when the
+//! first of them shuts down.
 
 use crate::codegen::{MethodDescriptor, MethodKind, ServiceDescriptor, method_id};
 use crate::{Channel, Request, Response, ServerCall, Service, Status, Streaming, UnaryCall};
@@ -94,6 +99,9 @@ struct State {
     /// Bumped on every change: a watcher compares it with what it saw.
     version: u64,
     watchers: Vec<Waker>,
+    /// The server is shutting down: every status is `NotServing` for
+    /// good, and watches end once they have said so.
+    shut_down: bool,
 }
 
 impl Registry {
@@ -103,6 +111,38 @@ impl Registry {
 
     fn status(&self, service: &str) -> Option<ServingStatus> {
         self.state().statuses.get(service).copied()
+    }
+
+    /// Applies `change` to the statuses (unless the server is shutting
+    /// down) and wakes the watchers if it changed anything.
+    fn change(&self, change: impl FnOnce(&mut HashMap<String, ServingStatus>) -> bool) {
+        let watchers = {
+            let mut st = self.state();
+            if st.shut_down || !change(&mut st.statuses) {
+                return;
+            }
+            st.version += 1;
+            std::mem::take(&mut st.watchers)
+        };
+        watchers.into_iter().for_each(Waker::wake);
+    }
+
+    /// The server is shutting down: every known service is `NotServing`
+    /// from now on, and watches end after they say so.
+    fn shut_down(&self) {
+        let watchers = {
+            let mut st = self.state();
+            if st.shut_down {
+                return;
+            }
+            st.statuses
+                .values_mut()
+                .for_each(|s| *s = ServingStatus::NotServing);
+            st.shut_down = true;
+            st.version += 1;
+            std::mem::take(&mut st.watchers)
+        };
+        watchers.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -124,33 +164,15 @@ impl HealthReporter {
     /// Sets `service`'s status (`package.Service`, or `""` for the whole
     /// server); watchers hear of a change at once.
     pub fn set_status(&self, service: &str, status: ServingStatus) {
-        let watchers = {
-            let mut st = self.registry.state();
-            if st.statuses.insert(service.to_owned(), status) == Some(status) {
-                return;
-            }
-            st.version += 1;
-            std::mem::take(&mut st.watchers)
-        };
-        for w in watchers {
-            w.wake();
-        }
+        self.registry
+            .change(|statuses| statuses.insert(service.to_owned(), status) != Some(status));
     }
 
     /// Forgets `service`: checks fail with `NotFound`, watchers see
     /// `ServiceUnknown`.
     pub fn clear_status(&self, service: &str) {
-        let watchers = {
-            let mut st = self.registry.state();
-            if st.statuses.remove(service).is_none() {
-                return;
-            }
-            st.version += 1;
-            std::mem::take(&mut st.watchers)
-        };
-        for w in watchers {
-            w.wake();
-        }
+        self.registry
+            .change(|statuses| statuses.remove(service).is_some());
     }
 }
 
@@ -184,6 +206,10 @@ impl Service for HealthServer {
 
     fn file_descriptor_set(&self) -> &'static [u8] {
         FILE_DESCRIPTOR_SET
+    }
+
+    fn shutting_down(&self) {
+        self.registry.shut_down();
     }
 
     fn call(&self, call: ServerCall) {
@@ -227,7 +253,11 @@ impl Stream for Watch {
         let this = self.get_mut();
         let mut st = this.registry.state();
         let version = st.version;
+        let shut_down = st.shut_down;
         if this.seen.is_some_and(|(v, _)| v == version) {
+            if shut_down {
+                return Poll::Ready(None);
+            }
             if !st.watchers.iter().any(|w| w.will_wake(cx.waker())) {
                 st.watchers.push(cx.waker().clone());
             }
@@ -245,6 +275,8 @@ impl Stream for Watch {
             Poll::Ready(Some(Ok(HealthCheckResponse {
                 status: status as i32,
             })))
+        } else if shut_down {
+            Poll::Ready(None)
         } else {
             // Another service changed: look again (registers the waker).
             Pin::new(this).poll_next(cx)
@@ -291,5 +323,14 @@ impl HealthClient {
                 service: service.to_owned(),
             }),
         )
+    }
+
+    /// Like [`HealthClient::watch`], with the request's metadata and
+    /// timeout.
+    pub fn watch_request(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Streaming<HealthCheckResponse> {
+        self.channel.server_streaming(WATCH, request)
     }
 }

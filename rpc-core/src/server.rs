@@ -51,6 +51,14 @@ pub trait Service: Send + Sync + 'static {
     fn file_descriptor_set(&self) -> &'static [u8] {
         &[]
     }
+    /// Called once when a server serving this service begins to shut down
+    /// ([`ServerHandle::shutdown`]), after it stopped taking new calls and
+    /// before it waits for those under way. A service whose streams would
+    /// run on by themselves (a watch, a subscription) ends them here, so
+    /// that shutting down need not wait out its grace period; the built-in
+    /// health service sends each watcher `NotServing` and ends its stream.
+    /// The default does nothing.
+    fn shutting_down(&self) {}
 }
 
 /// Calls of one dispatcher that can hear from their client after the
@@ -58,11 +66,36 @@ pub trait Service: Send + Sync + 'static {
 /// unary calls whose handlers wait (their cancel).
 #[derive(Default)]
 pub(crate) struct Registry {
-    calls: Mutex<HashMap<(u32, CallId), Registered>>,
+    calls: Mutex<Calls>,
     /// How many calls `calls` holds, kept under its lock: a request looks
     /// for a live call of its id (see `contains`), and with unary handlers
     /// that answer at once there is none, so it need not take the lock.
     len: AtomicUsize,
+    /// Most streams one connection may have at once; 0 for no limit (the
+    /// gRPC face, whose HTTP/2 server limits each of its connections).
+    stream_limit: u32,
+}
+
+/// The registered calls, and how many of them are streams per connection.
+#[derive(Default)]
+struct Calls {
+    by_id: HashMap<(u32, CallId), Registered>,
+    streams: HashMap<u32, u32>,
+}
+
+impl Calls {
+    fn remove(&mut self, key: &(u32, CallId)) -> Option<Registered> {
+        let removed = self.by_id.remove(key);
+        if let Some(Registered::Stream(_)) = removed {
+            if let Some(n) = self.streams.get_mut(&key.0) {
+                *n -= 1;
+                if *n == 0 {
+                    self.streams.remove(&key.0);
+                }
+            }
+        }
+        removed
+    }
 }
 
 #[derive(Clone)]
@@ -83,18 +116,42 @@ impl Registered {
 }
 
 impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u32, CallId), Registered>> {
+    /// A registry whose connections may each have `stream_limit` streams
+    /// at once (0: any number).
+    fn with_stream_limit(stream_limit: u32) -> Registry {
+        Registry {
+            stream_limit,
+            ..Registry::default()
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Calls> {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn insert(&self, qp_num: u32, id: CallId, r: Registered) {
+    /// Registers a unary call whose handler waits (or runs elsewhere).
+    fn insert(&self, qp_num: u32, id: CallId, signal: Arc<Signal>) {
         let mut calls = self.lock();
-        calls.insert((qp_num, id), r);
-        self.len.store(calls.len(), Ordering::Release);
+        calls.by_id.insert((qp_num, id), Registered::Unary(signal));
+        self.len.store(calls.by_id.len(), Ordering::Release);
+    }
+
+    /// Registers a stream, unless its connection has as many as the limit:
+    /// then `Err(limit)`, and nothing is registered.
+    fn insert_stream(&self, qp_num: u32, id: CallId, core: Arc<StreamCore>) -> Result<(), u32> {
+        let mut calls = self.lock();
+        let open = calls.streams.entry(qp_num).or_insert(0);
+        if self.stream_limit != 0 && *open >= self.stream_limit {
+            return Err(self.stream_limit);
+        }
+        *open += 1;
+        calls.by_id.insert((qp_num, id), Registered::Stream(core));
+        self.len.store(calls.by_id.len(), Ordering::Release);
+        Ok(())
     }
 
     fn get(&self, qp_num: u32, id: CallId) -> Option<Registered> {
-        self.lock().get(&(qp_num, id)).cloned()
+        self.lock().by_id.get(&(qp_num, id)).cloned()
     }
 
     /// Whether `id` names a live call of `qp_num`. A call is registered by
@@ -102,13 +159,13 @@ impl Registry {
     /// asks, so an empty count read here is never stale for this
     /// connection.
     fn contains(&self, qp_num: u32, id: CallId) -> bool {
-        self.len.load(Ordering::Acquire) > 0 && self.lock().contains_key(&(qp_num, id))
+        self.len.load(Ordering::Acquire) > 0 && self.lock().by_id.contains_key(&(qp_num, id))
     }
 
     fn remove(&self, qp_num: u32, id: CallId) -> Option<Registered> {
         let mut calls = self.lock();
         let removed = calls.remove(&(qp_num, id));
-        self.len.store(calls.len(), Ordering::Release);
+        self.len.store(calls.by_id.len(), Ordering::Release);
         removed
     }
 
@@ -149,9 +206,14 @@ impl Registry {
     /// Takes every call of connection `qp_num`.
     fn take_connection(&self, qp_num: u32) -> Vec<Registered> {
         let mut calls = self.lock();
-        let keys: Vec<_> = calls.keys().filter(|k| k.0 == qp_num).copied().collect();
+        let keys: Vec<_> = calls
+            .by_id
+            .keys()
+            .filter(|k| k.0 == qp_num)
+            .copied()
+            .collect();
         let taken = keys.iter().filter_map(|k| calls.remove(k)).collect();
-        self.len.store(calls.len(), Ordering::Release);
+        self.len.store(calls.by_id.len(), Ordering::Release);
         taken
     }
 }
@@ -220,8 +282,17 @@ impl ServerCall {
         }
         if let Some(signal) = &self.signal {
             self.registry
-                .insert(self.qp_num, self.call_id, Registered::Unary(signal.clone()));
+                .insert(self.qp_num, self.call_id, signal.clone());
             self.registered = true;
+        }
+    }
+
+    /// Forgets the call before its final frame leaves: its client may
+    /// open another stream as soon as it reads that frame, and by then this
+    /// one must no longer count against the connection's limit.
+    fn unregister(&mut self) {
+        if std::mem::take(&mut self.registered) {
+            self.registry.remove(self.qp_num, self.call_id);
         }
     }
 
@@ -558,6 +629,7 @@ impl ServerCall {
         if self.is_cancelled() {
             return; // the caller is gone: nobody reads the answer
         }
+        self.unregister();
         if let Some(obs) = &mut self.obs {
             obs.finish(Code::Ok);
         }
@@ -604,6 +676,7 @@ impl ServerCall {
                 obs.finish(status.code());
             }
             if !self.is_cancelled() {
+                self.unregister();
                 send_error(&*sink, self.call_id, self.method_id, status);
             }
         }
@@ -837,6 +910,7 @@ impl Server {
             blocking_threads: crate::dispatch::available_cores().max(4),
             admission: Admission::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             interceptors: Chain::default(),
             reflection: false,
             #[cfg(feature = "grpc")]
@@ -860,6 +934,7 @@ pub struct ServerBuilder {
     /// How handshakes are admitted; their timeout is `config.connect_timeout`.
     admission: Admission,
     max_connections: usize,
+    max_streams: u32,
     interceptors: Chain,
     /// Whether `serve` adds the reflection service.
     reflection: bool,
@@ -872,6 +947,14 @@ pub struct ServerBuilder {
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
 }
+
+/// Streams a server serves at once on one connection, by default: as
+/// HTTP/2 servers commonly allow (RFC 9113 asks for at least 100). Each
+/// stream may hold a window (256 KiB) of its client's messages unread, so a
+/// connection's streams hold at most 25 MiB, within the 64 MiB a connection
+/// may queue to send: no stream's send within its window meets a full queue
+/// unless unary traffic fills it too.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
 
 /// Connections a server keeps at most, by default. An idle connection
 /// costs little (see the README's "Limits and memory"); the process's
@@ -1034,6 +1117,27 @@ impl ServerBuilder {
         self
     }
 
+    /// Streams served at once on one connection (default
+    /// [`DEFAULT_MAX_CONCURRENT_STREAMS`], 100), like HTTP/2's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`; at least 1. Unary calls do not
+    /// count. The server tells each client the limit when it connects
+    /// (up to 65,535; a larger limit is told as 65,535), and the client's
+    /// stream beyond it waits for one of that connection's streams to end
+    /// (within its deadline) before it is sent. A stream that arrives
+    /// beyond the limit anyway (a client that ignores it) fails at once
+    /// with `ResourceExhausted`, naming the limit. The same limit applies
+    /// to each HTTP/2 connection of the gRPC face.
+    ///
+    /// Each stream may hold a window (256 KiB) of its client's messages
+    /// that the handler has not read yet, so the limit bounds that memory
+    /// per connection; with more than 256 streams a connection's sends
+    /// within their windows can together exceed what it may queue (64 MiB)
+    /// and fail `ResourceExhausted`.
+    pub fn max_concurrent_streams(mut self, n: u32) -> Self {
+        self.max_streams = n.max(1);
+        self
+    }
+
     /// Handshakes in progress at most (default 1,024, fewer if the process
     /// may open few descriptors). They need no thread: one thread admits
     /// them all. Beyond the limit the oldest is dropped, so peers that
@@ -1142,11 +1246,12 @@ impl ServerBuilder {
             .shared
             .clone()
             .ok_or_else(|| Status::internal("gRPC face: the server has no calls to share"))?;
-        let face = crate::grpc::GrpcFace::start(addr, shared, runtime, tls)?;
+        let face = crate::grpc::GrpcFace::start(addr, shared.clone(), runtime, tls)?;
         main.grpc_addr = Some(face.local_addr());
         let stopper = main.stopper.take();
         main.stopper = Some(Box::new(WithFace {
             face,
+            shared,
             main: stopper,
         }));
         Ok(main)
@@ -1252,12 +1357,13 @@ impl ServerBuilder {
             draining: AtomicBool::new(false),
             inflight: Arc::new(AtomicUsize::new(0)),
             max_message: self.config.max_message,
+            max_streams: self.max_streams,
         });
         let mut endpoints = Vec::with_capacity(self.dispatchers);
         for _ in 0..self.dispatchers {
             let role = ServerRole {
                 shared: shared.clone(),
-                registry: Arc::default(),
+                registry: Arc::new(Registry::with_stream_limit(self.max_streams)),
             };
             endpoints.push(Endpoint::new(
                 fabric.clone(),
@@ -1377,6 +1483,7 @@ fn establish<F: Fabric>(ep: &Endpoint<F, ServerRole>, incoming: F::Incoming) -> 
     let local = LocalSetup {
         ring: &ring,
         max_message: max_message as u32,
+        max_streams: ep.role.shared.max_streams,
         timeout: ep.config.connect_timeout,
         credential: None,
         tls: None,
@@ -1459,6 +1566,28 @@ pub(crate) struct ServerShared {
     /// The largest message the server accepts (the gRPC face's limit).
     #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
     max_message: usize,
+    /// Streams served at once per connection (see
+    /// [`ServerBuilder::max_concurrent_streams`]).
+    max_streams: u32,
+}
+
+impl ServerShared {
+    /// Refuses new calls from now on and tells each service, once, that
+    /// the server is shutting down ([`Service::shutting_down`]).
+    fn begin_shutdown(&self) {
+        if self.draining.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut told: Vec<*const ()> = Vec::new();
+        let services = self.routes.values().map(|r| &r.service);
+        for service in services.chain(self.fallback.as_ref()) {
+            let at = Arc::as_ptr(service).cast::<()>();
+            if !told.contains(&at) {
+                told.push(at);
+                service.shutting_down();
+            }
+        }
+    }
 }
 
 /// A request as it arrived: on a connection of a fabric, or through the
@@ -1554,12 +1683,17 @@ impl ServerShared {
         // its next frames may arrive before its handler runs.
         if route.kind != MethodKind::Unary {
             let core = StreamCore::new(DEFAULT_WINDOW, route.kind.client_streams());
-            registry.insert(qp_num, call_id, Registered::Stream(core.clone()));
+            if let Err(limit) = registry.insert_stream(qp_num, call_id, core.clone()) {
+                return call.reply_err(&Status::resource_exhausted(format!(
+                    "the connection already has {limit} streams open, the most this server \
+                     serves at once on one connection (ServerBuilder::max_concurrent_streams)"
+                )));
+            }
             call.core = Some(core);
             call.registered = true;
         } else if route.blocking {
             let signal = take_signal();
-            registry.insert(qp_num, call_id, Registered::Unary(signal.clone()));
+            registry.insert(qp_num, call_id, signal.clone());
             call.signal = Some(signal);
             call.registered = true;
         }
@@ -1592,6 +1726,11 @@ impl ServerShared {
     /// The largest message the server accepts.
     pub(crate) fn max_message(&self) -> usize {
         self.max_message
+    }
+
+    /// Streams served at once per connection.
+    pub(crate) fn max_streams(&self) -> u32 {
+        self.max_streams
     }
 
     /// [`ServerShared::start_call`] on a tokio worker (the gRPC face): a
@@ -1707,12 +1846,15 @@ trait Stop: Send {
 #[cfg(feature = "grpc")]
 struct WithFace {
     face: crate::grpc::GrpcFace,
+    shared: Arc<ServerShared>,
     main: Option<Box<dyn Stop>>,
 }
 
 #[cfg(feature = "grpc")]
 impl Stop for WithFace {
     fn stop(&mut self, grace: Duration) {
+        // Calls on the face end as they would on the server.
+        self.shared.begin_shutdown();
         self.face.stop(grace);
         if let Some(mut main) = self.main.take() {
             main.stop(grace);
@@ -1748,7 +1890,7 @@ impl<F: Fabric> Stop for ServerStopper<F> {
             let _ = t.join();
         }
         // 2. Refuse new calls, let in-flight ones finish and their replies drain.
-        self.shared.draining.store(true, Ordering::Release);
+        self.shared.begin_shutdown();
         let deadline = crate::bounded_deadline(grace);
         let drained = wait_until(deadline, || {
             self.shared.inflight.load(Ordering::Acquire) == 0

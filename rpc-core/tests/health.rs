@@ -39,3 +39,52 @@ fn check_and_watch_report_status_changes() {
         assert_eq!(status(next), ServingStatus::ServiceUnknown, "{url}");
     }
 }
+
+#[test]
+fn shutting_down_tells_watchers_and_ends_their_streams() {
+    for url in ["mem://health-shutdown", "tcp://127.0.0.1:0"] {
+        let (reporter, service) = health::service();
+        reporter.set_status("kv.Kv", ServingStatus::Serving);
+        let server = Server::builder().add_service(service).serve(url).unwrap();
+        let client = HealthClient::new(Channel::connect(server.local_url()).unwrap());
+        let mut watches: Vec<_> = ["", "kv.Kv", "unknown.Svc"]
+            .into_iter()
+            .map(|name| {
+                let mut watch = client.watch(name);
+                watch.blocking_message().unwrap().unwrap();
+                watch
+            })
+            .collect();
+        // The watches would run for ever: shutting down ends them, well
+        // within its grace period.
+        let grace = std::time::Duration::from_secs(30);
+        let started = std::time::Instant::now();
+        let stopping = std::thread::spawn(move || server.shutdown_timeout(grace));
+        for (i, watch) in watches.iter_mut().enumerate() {
+            if i < 2 {
+                let last = watch.blocking_message().unwrap().unwrap();
+                assert_eq!(status(last), ServingStatus::NotServing, "{url}: watch {i}");
+            }
+            assert!(
+                watch.blocking_message().unwrap().is_none(),
+                "{url}: watch {i} ended"
+            );
+        }
+        stopping.join().unwrap();
+        assert!(
+            started.elapsed() < grace / 2,
+            "{url}: shutdown took {:?}",
+            started.elapsed()
+        );
+        // Later changes are ignored: the statuses stay `NotServing`.
+        reporter.set_status("kv.Kv", ServingStatus::Serving);
+        assert!(
+            format!("{reporter:?}").contains("NotServing"),
+            "{reporter:?}"
+        );
+        assert!(
+            !format!("{reporter:?}").contains(": Serving"),
+            "{reporter:?}"
+        );
+    }
+}

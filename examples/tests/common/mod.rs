@@ -608,6 +608,7 @@ pub fn tcp_hello(ring_len: u64, max_message: u32) -> rpc_core::testing::bootstra
             len: ring_len,
             rkey: 1,
             max_message,
+            max_streams: 0,
         },
     }
 }

@@ -2,6 +2,7 @@
 
 mod endpoints;
 mod reconnect;
+mod stream_limit;
 
 pub use endpoints::{Dns, Resolver};
 pub use reconnect::Backoff;
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+use stream_limit::{StreamLimit, StreamPermit};
 
 /// A client's way to one service: one connection, or one to each of
 /// several endpoints, shared by every clone.
@@ -183,6 +185,15 @@ enum Opened {
     Later(StreamOpener),
 }
 
+/// What one try to start a waiting stream came to.
+enum Attempt {
+    Done(Result<StreamStarted, Status>),
+    /// No connection is up.
+    NoConnection,
+    /// The connection has as many streams as its server serves at once.
+    Full,
+}
+
 /// An encoded message, sent as it is (the first request of a stream that
 /// waited for a connection).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -230,6 +241,8 @@ struct Connection {
     spin: Duration,
     /// Calls and streams of this channel outstanding on it.
     outstanding: AtomicUsize,
+    /// How many streams it may have open at once, as its server said.
+    streams: Arc<StreamLimit>,
     /// A `grpc://` connection's TLS settings, as the gateway knows them.
     gateway_tls: Option<String>,
 }
@@ -1294,19 +1307,17 @@ impl Channel {
         }
         let _in = obs.span().clone().entered();
         let picked = self.inner.pick();
-        let conn = match picked {
-            Ok(conn) => conn,
+        // A connection at its server's stream limit makes the stream wait,
+        // as does no connection for a call that waits for ready.
+        let (conn, permit) = match picked {
+            Ok(conn) => match conn.streams.try_open() {
+                Some(permit) => (conn, permit),
+                None => {
+                    return self.open_later(method, metadata, timeout, first, final_message, obs);
+                }
+            },
             Err(_) if wait => {
-                let first = first.map(|m| Encoded(m.encode_to_vec()));
-                return Opened::Later(Self::opener(
-                    self.inner.clone(),
-                    method,
-                    metadata.into_owned(),
-                    timeout.and_then(crate::deadline_after),
-                    first,
-                    final_message,
-                    obs,
-                ));
+                return self.open_later(method, metadata, timeout, first, final_message, obs);
             }
             Err(status) => {
                 obs.finish(status.code());
@@ -1314,7 +1325,7 @@ impl Channel {
             }
         };
         let metadata = conn.gateway_metadata(method, &metadata);
-        let started = with_client!(&conn.client, c => c.start_stream(method, &metadata, timeout, first, final_message));
+        let started = with_client!(&conn.client, c => c.start_stream(method, &metadata, timeout, first, final_message, permit));
         Opened::Now(match started {
             Ok((id, core)) => Ok((id, core, conn, obs)),
             Err(status) => {
@@ -1324,8 +1335,31 @@ impl Channel {
         })
     }
 
-    /// Starts a stream waiting for a connection once one is up, or fails it
-    /// with `DeadlineExceeded` at `deadline`.
+    /// [`Opened::Later`]: the stream starts once a connection is up with
+    /// room for it (see [`Channel::opener`]).
+    fn open_later<Req: prost::Message>(
+        &self,
+        method: &'static MethodDescriptor,
+        metadata: std::borrow::Cow<'_, Metadata>,
+        timeout: Option<Duration>,
+        first: Option<&Req>,
+        final_message: bool,
+        obs: CallObs,
+    ) -> Opened {
+        Opened::Later(Self::opener(
+            self.inner.clone(),
+            method,
+            metadata.into_owned(),
+            timeout.and_then(crate::deadline_after),
+            first.map(|m| Encoded(m.encode_to_vec())),
+            final_message,
+            obs,
+        ))
+    }
+
+    /// Starts a stream once a connection is up and has room for it under
+    /// its server's stream limit, or fails it with `DeadlineExceeded` at
+    /// `deadline`.
     fn opener(
         handle: Arc<Handle>,
         method: &'static MethodDescriptor,
@@ -1337,31 +1371,49 @@ impl Channel {
     ) -> StreamOpener {
         let mut obs = Some(obs);
         let waiting = handle.clone();
-        let mut try_start = move || -> Option<Result<StreamStarted, Status>> {
+        // The stream limit of the connection it last found full.
+        let mut full = None;
+        let mut try_start = move |waker: &Waker| -> Attempt {
             let timeout = match deadline {
                 Some(at) => match at.checked_duration_since(Instant::now()) {
                     Some(left) if !left.is_zero() => Some(left),
                     _ => {
-                        let status = Status::deadline_exceeded(format!(
-                            "deadline exceeded waiting for a connection ({})",
-                            handle.unavailable().message()
-                        ));
+                        let status = Status::deadline_exceeded(match full {
+                            Some(limit) => format!(
+                                "deadline exceeded waiting for one of the {limit} streams its \
+                                 server serves at once on a connection to end \
+                                 (ServerBuilder::max_concurrent_streams)"
+                            ),
+                            None => format!(
+                                "deadline exceeded waiting for a connection ({})",
+                                handle.unavailable().message()
+                            ),
+                        });
                         if let Some(mut obs) = obs.take() {
                             obs.finish(status.code());
                         }
-                        return Some(Err(status));
+                        return Attempt::Done(Err(status));
                     }
                 },
                 None => None,
             };
-            let conn = handle.pick().ok()?;
-            let mut obs = obs.take()?;
+            let Ok(conn) = handle.pick() else {
+                full = None;
+                return Attempt::NoConnection;
+            };
+            let Some(permit) = conn.streams.open_or_wake(waker) else {
+                full = Some(conn.streams.max());
+                return Attempt::Full;
+            };
+            let Some(mut obs) = obs.take() else {
+                return Attempt::Done(Err(Status::internal("the stream was started twice")));
+            };
             let started = {
                 let _in = obs.span().clone().entered();
                 let metadata = conn.gateway_metadata(method, &metadata);
-                with_client!(&conn.client, c => c.start_stream(method, &metadata, timeout, first.as_ref(), final_message))
+                with_client!(&conn.client, c => c.start_stream(method, &metadata, timeout, first.as_ref(), final_message, permit))
             };
-            Some(match started {
+            Attempt::Done(match started {
                 Ok((id, core)) => Ok((id, core, conn, obs)),
                 Err(status) => {
                     obs.finish(status.code());
@@ -1369,15 +1421,28 @@ impl Channel {
                 }
             })
         };
-        Box::new(move |cx| {
-            if let Some(started) = try_start() {
-                return Poll::Ready(started);
+        // The waker the deadline wakes while the stream waits for room.
+        let mut timer: Option<Waker> = None;
+        Box::new(move |cx| match try_start(cx.waker()) {
+            Attempt::Done(started) => Poll::Ready(started),
+            // Woken when one of the connection's streams ends (the limit
+            // took the waker), or at the deadline.
+            Attempt::Full => {
+                if let Some(at) = deadline {
+                    if !timer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        timer = Some(cx.waker().clone());
+                        reconnect::wake_at(at, cx.waker().clone());
+                    }
+                }
+                Poll::Pending
             }
-            waiting.ready.register(cx.waker(), deadline);
-            // A connection that came up before the waker was in place.
-            match try_start() {
-                Some(started) => Poll::Ready(started),
-                None => Poll::Pending,
+            Attempt::NoConnection => {
+                waiting.ready.register(cx.waker(), deadline);
+                // A connection that came up before the waker was in place.
+                match try_start(cx.waker()) {
+                    Attempt::Done(started) => Poll::Ready(started),
+                    Attempt::Full | Attempt::NoConnection => Poll::Pending,
+                }
             }
         })
     }
@@ -1481,11 +1546,13 @@ impl Connection {
         };
         #[cfg(not(all(feature = "grpc", feature = "tls")))]
         let gateway_tls = None;
+        let streams = StreamLimit::new(with_client!(&client, c => c.conn.peer_max_streams()));
         Ok(Connection {
             url: url.clone(),
             client,
             spin: config.spin,
             outstanding: AtomicUsize::new(0),
+            streams,
             gateway_tls,
         })
     }
@@ -1666,6 +1733,7 @@ impl<F: Fabric> Client<F> {
         let local = LocalSetup {
             ring: &ring,
             max_message: config.max_message as u32,
+            max_streams: 0,
             timeout: config.connect_timeout,
             credential,
             tls,
@@ -1766,6 +1834,7 @@ impl<F: Fabric> Client<F> {
         timeout: Option<Duration>,
         first: Option<&Req>,
         final_message: bool,
+        permit: StreamPermit,
     ) -> Result<(CallId, Arc<StreamCore>), Status> {
         self.ensure_alive()?;
         // Only a client-streaming call's responses are not a stream.
@@ -1773,6 +1842,7 @@ impl<F: Fabric> Client<F> {
         let waiter = Waiter::Stream {
             core: core.clone(),
             final_message,
+            _permit: permit,
         };
         let (id, _) = self.register(waiter, timeout);
         let frame = OutFrame {
@@ -1799,10 +1869,13 @@ impl<F: Fabric> Client<F> {
     fn cancel(&self, id: CallId) {
         let call = self.ep.role.calls().remove(id);
         if let Some(call) = call {
-            if let Waiter::Stream { core, .. } = call.waiter {
+            if let Waiter::Stream { core, .. } = &call.waiter {
                 core.fail(Status::cancelled("the call was cancelled"));
             }
             send_cancel(&self.conn, id);
+            // Only now may another stream take its place: the server
+            // counts this one until the cancel arrives.
+            drop(call);
         }
     }
 }
@@ -1816,10 +1889,12 @@ enum Waiter {
     /// A unary call's caller.
     Unary(Arc<CallSlot>),
     /// A stream's consumer; with `final_message`, the final `Response`
-    /// carries a message (client-streaming calls).
+    /// carries a message (client-streaming calls). The stream holds its
+    /// place on the connection while it is in the table.
     Stream {
         core: Arc<StreamCore>,
         final_message: bool,
+        _permit: StreamPermit,
     },
 }
 
@@ -1918,6 +1993,7 @@ impl<F: Fabric> Role<F> for ClientRole {
                 Waiter::Stream {
                     core,
                     final_message,
+                    ..
                 } => Some((core.clone(), *final_message)),
             },
             _ => {
@@ -1958,9 +2034,10 @@ impl<F: Fabric> Role<F> for ClientRole {
             }
             return;
         };
-        if matches!(h.kind, FrameKind::Response | FrameKind::Error) {
-            calls.complete(id);
-        }
+        // The stream's place on the connection is given back (below,
+        // outside the lock): the server counted it until it sent this.
+        let _ended =
+            matches!(h.kind, FrameKind::Response | FrameKind::Error).then(|| calls.complete(id));
         drop(calls);
         let applied = match h.kind {
             FrameKind::Message => match frame.metadata {
@@ -2031,13 +2108,26 @@ impl<F: Fabric> Role<F> for ClientRole {
         };
         for (id, call) in expired {
             let status = Status::deadline_exceeded("deadline exceeded before the call finished");
-            match call.waiter {
-                Waiter::Unary(slot) => self.finish(slot, Err(status)),
-                Waiter::Stream { core, .. } => core.fail(status),
-            }
+            // A stream's place on the connection (in its waiter) goes only
+            // after the cancel.
+            let permit = match call.waiter {
+                Waiter::Unary(slot) => {
+                    self.finish(slot, Err(status));
+                    None
+                }
+                Waiter::Stream {
+                    core,
+                    _permit: permit,
+                    ..
+                } => {
+                    core.fail(status);
+                    Some(permit)
+                }
+            };
             if let Some(conn) = ep.conn(call.qp_num) {
                 send_cancel(&conn, id);
             }
+            drop(permit);
         }
         next
     }
@@ -2046,9 +2136,11 @@ impl<F: Fabric> Role<F> for ClientRole {
 impl ClientRole {
     /// Ends a stream the server broke: its consumer sees `why`, the server a cancel.
     fn fail_stream<F: Fabric>(&self, conn: &Conn<F>, id: CallId, core: &StreamCore, why: &str) {
-        self.calls().remove(id);
+        let call = self.calls().remove(id);
         core.fail(Status::internal(why));
         send_cancel(conn, id);
+        // Its place on the connection goes only after the cancel.
+        drop(call);
     }
 }
 

@@ -173,6 +173,11 @@ struct Due {
     wakers: Vec<(Instant, Waker)>,
 }
 
+/// Wakes `waker` at `at` (from the reconnecting thread).
+pub(crate) fn wake_at(at: Instant, waker: Waker) {
+    reconnector().wake_at(at, waker);
+}
+
 fn reconnector() -> &'static Reconnector {
     static R: OnceLock<Reconnector> = OnceLock::new();
     R.get_or_init(|| {

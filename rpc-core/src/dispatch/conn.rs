@@ -315,6 +315,12 @@ impl<F: Fabric> Conn<F> {
         self.peer.max_message as usize
     }
 
+    /// Most streams the peer serves at once on this connection; 0 for no
+    /// limit.
+    pub(crate) fn peer_max_streams(&self) -> u32 {
+        self.peer.max_streams
+    }
+
     /// Whether the connection is still usable.
     pub(crate) fn is_alive(&self) -> bool {
         self.send_state().proto.death().is_none()

@@ -2,8 +2,9 @@
 //!
 //! Over a TCP connection on the URL's port, each side sends one fixed-size
 //! [`Hello`]: queue pair number, packet sequence number, LID and GID (for
-//! verbs), its receive ring (address, length, rkey) and the largest message
-//! it accepts. The client speaks first. A server that requires a credential
+//! verbs), its receive ring (address, length, rkey), the largest message
+//! it accepts and, from a server, the most streams it serves at once on the
+//! connection (0: no limit said; a peer of an earlier build sends 0). The client speaks first. A server that requires a credential
 //! then sends a challenge [record](Record), the client answers, and the
 //! server proves itself; a server that will not take the connection says
 //! why in a refusal record. The server answers with its own hello once it is
@@ -70,6 +71,8 @@ impl Hello {
         b[12..16].copy_from_slice(&self.qp_num.to_le_bytes());
         b[16..20].copy_from_slice(&self.psn.to_le_bytes());
         b[20..22].copy_from_slice(&self.lid.to_le_bytes());
+        let max_streams = u16::try_from(self.ring.max_streams).unwrap_or(u16::MAX);
+        b[22..24].copy_from_slice(&max_streams.to_le_bytes());
         b[24..40].copy_from_slice(&self.gid);
         b[40..48].copy_from_slice(&self.ring.addr.to_le_bytes());
         b[48..56].copy_from_slice(&self.ring.len.to_le_bytes());
@@ -105,6 +108,7 @@ impl Hello {
             len: u64_at(48),
             rkey: u32_at(56),
             max_message: u32_at(60),
+            max_streams: u32::from(u16::from_le_bytes([b[22], b[23]])),
         };
         let len =
             usize::try_from(ring.len).map_err(|_| format!("ring length {} too large", ring.len))?;
@@ -577,6 +581,7 @@ mod tests {
                 len: 1 << 20,
                 rkey: 0xabcd,
                 max_message: 4096,
+                max_streams: 100,
             },
         }
     }

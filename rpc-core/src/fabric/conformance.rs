@@ -104,6 +104,7 @@ pub(crate) fn connect<F: Fabric>(
             let local = LocalSetup {
                 ring: &s_ring,
                 max_message: 1024,
+                max_streams: 7,
                 timeout: Duration::from_secs(10),
                 credential: None,
                 tls: None,
@@ -115,6 +116,7 @@ pub(crate) fn connect<F: Fabric>(
         let local = LocalSetup {
             ring: c_ring,
             max_message: 2048,
+            max_streams: 0,
             timeout: Duration::from_secs(10),
             credential: None,
             tls: None,
@@ -124,6 +126,11 @@ pub(crate) fn connect<F: Fabric>(
     });
     assert_eq!(s.peer.max_message, 2048, "server learns the client's limit");
     assert_eq!(c.peer.max_message, 1024, "client learns the server's limit");
+    assert_eq!(
+        c.peer.max_streams, 7,
+        "client learns the server's stream limit"
+    );
+    assert_eq!(s.peer.max_streams, 0, "a client sets none");
     (s.qp, s_ring, c.qp, c.peer, s.peer)
 }
 

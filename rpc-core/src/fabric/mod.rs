@@ -281,6 +281,10 @@ pub struct PeerRing {
     pub rkey: u32,
     /// Largest message (metadata + payload) the peer accepts.
     pub max_message: u32,
+    /// Most streams the peer (a server) serves at once on the connection;
+    /// 0 when it sets no limit (a client, or a server of a build before
+    /// the limit). Up to 65,535 on the wire.
+    pub max_streams: u32,
 }
 
 /// What a side brings to a connection.
@@ -289,6 +293,10 @@ pub struct LocalSetup<'a, R> {
     pub ring: &'a R,
     /// Largest message (metadata + payload) accepted.
     pub max_message: u32,
+    /// Most streams served at once on the connection (a server's
+    /// [`max_concurrent_streams`](crate::ServerBuilder::max_concurrent_streams));
+    /// 0 for none (a client).
+    pub max_streams: u32,
     /// How long the handshake may take.
     pub timeout: Duration,
     /// What the client presents to a server that asks for a credential
@@ -304,6 +312,7 @@ impl<R: fmt::Debug> fmt::Debug for LocalSetup<'_, R> {
         f.debug_struct("LocalSetup")
             .field("ring", self.ring)
             .field("max_message", &self.max_message)
+            .field("max_streams", &self.max_streams)
             .field("timeout", &self.timeout)
             .field("credential", &self.credential.is_some())
             .field("tls", &self.tls.is_some())

@@ -8,7 +8,7 @@
 //! [`Receiver`] and consumes it at once: every frame the server sends must
 //! be one a real client accepts, whatever the client sent.
 
-use super::{ServerBuilder, ServerRole, ServerShared, ring_for};
+use super::{Registry, ServerBuilder, ServerRole, ServerShared, ring_for};
 use crate::Status;
 use crate::blocking::BlockingPool;
 use crate::dispatch::Endpoint;
@@ -87,10 +87,11 @@ impl FakePeer {
             draining: AtomicBool::new(false),
             inflight: Arc::new(AtomicUsize::new(0)),
             max_message: config.max_message,
+            max_streams: builder.max_streams,
         });
         let role = ServerRole {
             shared: shared.clone(),
-            registry: Arc::default(),
+            registry: Arc::new(Registry::with_stream_limit(builder.max_streams)),
         };
         // Neither side waits for a receive: a write that finds none fails.
         let ep = Endpoint::new(
@@ -130,22 +131,24 @@ impl FakePeer {
             len: CLIENT_RING as u64,
             rkey: self.ring.rkey(),
             max_message: client_max,
+            max_streams: 0,
         };
         let (ring_len, max_message) = ring_for::<SoftFabric>(&self.ep.config, &client_ring);
         let ring = self.ep.register_ring(ring_len)?;
-        let setup = |ring, max_message| LocalSetup {
+        let setup = |ring, max_message, max_streams| LocalSetup {
             ring,
             max_message,
+            max_streams,
             timeout: Duration::from_secs(1),
             credential: None,
             tls: None,
         };
         let (client, server) = self.fabric.connect_pair(
-            (&self.cq, setup(&self.ring, client_max)),
+            (&self.cq, setup(&self.ring, client_max, 0)),
             (
                 &self.ep.fabric,
                 &self.ep.cq,
-                setup(&ring, max_message as u32),
+                setup(&ring, max_message as u32, self.ep.role.shared.max_streams),
             ),
         );
         let conn = self.ep.add(server, ring, max_message)?;

@@ -188,6 +188,7 @@ mod tests {
                 len: 1 << 16,
                 rkey: 99,
                 max_message: 1024,
+                max_streams: 0,
             },
         }
     }

@@ -261,6 +261,7 @@ fn peer_ring(local: &LocalSetup<'_, SoftRegion>) -> PeerRing {
         len: local.ring.len() as u64,
         rkey: local.ring.rkey(),
         max_message: local.max_message,
+        max_streams: local.max_streams,
     }
 }
 

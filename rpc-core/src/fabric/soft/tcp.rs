@@ -1653,6 +1653,7 @@ fn local_hello(qp_num: u32, local: &LocalSetup<'_, SoftRegion>) -> Hello {
             len: local.ring.len() as u64,
             rkey: local.ring.rkey(),
             max_message: local.max_message,
+            max_streams: local.max_streams,
         },
     }
 }

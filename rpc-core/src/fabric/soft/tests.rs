@@ -107,6 +107,7 @@ fn connecting_to_nothing_fails_clearly() {
     let local = || LocalSetup {
         ring: &ring,
         max_message: 1024,
+        max_streams: 0,
         timeout: Duration::from_secs(2),
         credential: None,
         tls: None,
@@ -150,6 +151,7 @@ fn a_peer_that_is_not_rdma_rpc_fails_the_handshake() {
     let local = LocalSetup {
         ring: &ring,
         max_message: 1024,
+        max_streams: 0,
         timeout: Duration::from_secs(2),
         credential: None,
         tls: None,

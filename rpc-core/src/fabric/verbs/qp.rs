@@ -38,6 +38,7 @@ impl VerbsFabric {
                 len: local.ring.len() as u64,
                 rkey: window.map_or_else(|| local.ring.rkey(), Mw::rkey),
                 max_message: local.max_message,
+                max_streams: local.max_streams,
             },
         }
     }
