@@ -1032,3 +1032,34 @@ on_every_fabric! {
         bounded("shutdown", move || server.shutdown());
     }
 }
+
+on_every_fabric! {
+    /// A cancelled call's handler future is dropped, as tonic drops it:
+    /// whether the client drops the call or its deadline passes, and
+    /// whether the handler runs on a dispatcher or on the blocking pool.
+    fn a_cancelled_handlers_future_is_dropped(url: &str) {
+        for inline in [true, false] {
+            let probe = Probe::new();
+            let server = serve(test_server_with(&probe, inline), url);
+            let echo = EchoClient::new(channel(server.local_url()));
+            let forever = |tag: &str| echo_request(tag, Vec::new(), &[("await-forever", "1")]);
+            let dropped = |tag: &str| {
+                probe.wait_for(&format!("{tag:?}'s handler dropped"), |s| {
+                    s.dropped.iter().any(|t| t == tag)
+                })
+            };
+            let call = echo.echo(forever("dropped"));
+            probe.wait_entered("dropped");
+            drop(call);
+            dropped("dropped");
+            let mut request = forever("deadline");
+            request.set_timeout(Duration::from_millis(200));
+            expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
+            dropped("deadline");
+            // Nothing was answered for them, and the server goes on.
+            let reply = echo.echo(echo_request("after", b"ok".to_vec(), &[])).wait().unwrap();
+            assert_eq!(reply.into_inner().payload, &b"ok"[..], "inline: {inline}");
+            bounded("shutdown", move || server.shutdown());
+        }
+    }
+}

@@ -20,8 +20,9 @@
 //! The empty service name stands for the server as a whole; it is
 //! `Serving` from the start. When the server shuts down
 //! ([`ServerHandle::shutdown`](crate::ServerHandle::shutdown)), every
-//! status becomes `NotServing` for good and each `Watch` stream ends after
-//! saying so: watchers learn at once, and the shutdown does not wait for
+//! status becomes `NotServing` for good (later changes are ignored) and
+//! every `Watch` stream ends, after saying `NotServing` if its service has
+//! a status: watchers learn at once, and the shutdown does not wait for
 //! them. A health service added to several servers does this when the
 //! first of them shuts down.
 

@@ -296,6 +296,16 @@ impl ServerCall {
         }
     }
 
+    /// Ready once the caller cancelled the call or went away; until then
+    /// the task polling it is woken when that happens.
+    fn poll_cancelled(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match (&self.core, &self.signal) {
+            (Some(core), _) => core.signal.poll_cancelled(cx),
+            (None, Some(signal)) => signal.poll_cancelled(cx),
+            (None, None) => Poll::Pending,
+        }
+    }
+
     /// Whether the caller cancelled the call or went away.
     fn is_cancelled(&self) -> bool {
         match (&self.core, &self.signal) {
@@ -535,10 +545,15 @@ impl ServerCall {
             Ok(future) => future,
             Err(panic) => return self.reply_panic(&*panic),
         };
-        let call = self;
+        let mut call = self;
         let span = call.span();
+        let signal = call.cancel_signal();
         run_task(span, async move {
-            match run_handler(future).await {
+            // Cancelled: the call is dropped unanswered.
+            let Some(outcome) = run_handler(future, signal).await else {
+                return;
+            };
+            match outcome {
                 Ok(Ok(response)) => call.send_stream(response).await,
                 Ok(Err(status)) => call.reply_err(&status),
                 Err(panic) => call.reply_panic(&*panic),
@@ -825,11 +840,22 @@ where
         let Some(running) = this.future.as_mut().as_pin_mut() else {
             return Poll::Ready(()); // polled again after it finished
         };
+        // A cancelled call's handler is not polled again: its future is
+        // dropped (as tonic drops it), and nothing is answered.
+        if this.call.as_ref().is_some_and(ServerCall::is_cancelled) {
+            drop_caught(|| this.future.set(None));
+            this.call.take();
+            return Poll::Ready(());
+        }
         let Poll::Ready(outcome) = poll_caught(running, cx) else {
-            // A unary handler that has to wait can hear of a cancel from
-            // then on (a stream's call is registered already).
             if let Some(call) = this.call.as_mut() {
+                // A unary handler that has to wait can hear of a cancel
+                // from then on (a stream's call is registered already),
+                // and a cancel wakes its task to drop it.
                 call.register_unary();
+                if call.poll_cancelled(cx).is_ready() {
+                    cx.waker().wake_by_ref();
+                }
             }
             return Poll::Pending;
         };
@@ -845,12 +871,46 @@ where
 }
 
 /// Polls a handler's future to its output, catching a panic (so that the
-/// call is still ours to answer with the panic's message).
+/// call is still ours to answer with the panic's message); `None` once the
+/// call is cancelled (`signal`): the future is then dropped unfinished, as
+/// tonic drops it.
 async fn run_handler<T, Fut: Future<Output = T>>(
     future: Fut,
-) -> Result<T, Box<dyn std::any::Any + Send>> {
-    let mut future = std::pin::pin!(future);
-    std::future::poll_fn(|cx| poll_caught(future.as_mut(), cx)).await
+    signal: Option<Arc<Signal>>,
+) -> Option<Result<T, Box<dyn std::any::Any + Send>>> {
+    let mut future = std::pin::pin!(Some(future));
+    std::future::poll_fn(|cx| {
+        let cancelled = |cx: &mut Context<'_>| {
+            signal
+                .as_ref()
+                .is_some_and(|s| s.poll_cancelled(cx).is_ready())
+        };
+        if cancelled(cx) {
+            drop_caught(|| future.set(None));
+            return Poll::Ready(None);
+        }
+        let Some(running) = future.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        match poll_caught(running, cx) {
+            Poll::Ready(outcome) => Poll::Ready(Some(outcome)),
+            // A cancel that came while it ran: drop it now.
+            Poll::Pending if cancelled(cx) => {
+                drop_caught(|| future.set(None));
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Drops a handler's future (in `drop`), logging a panic in its drop
+/// rather than letting it unwind into the dispatcher.
+fn drop_caught(drop: impl FnOnce()) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(drop)) {
+        tracing::error!(panic = %panic_message(&*panic), "a cancelled handler's future panicked as it was dropped");
+    }
 }
 
 /// Polls a handler's future once, catching a panic: `Ready(Err(panic))`
@@ -1126,7 +1186,8 @@ impl ServerBuilder {
     /// (within its deadline) before it is sent. A stream that arrives
     /// beyond the limit anyway (a client that ignores it) fails at once
     /// with `ResourceExhausted`, naming the limit. The same limit applies
-    /// to each HTTP/2 connection of the gRPC face.
+    /// to each HTTP/2 connection of the gRPC face, where (as in HTTP/2)
+    /// unary calls count too.
     ///
     /// Each stream may hold a window (256 KiB) of its client's messages
     /// that the handler has not read yet, so the limit bounds that memory

@@ -244,6 +244,9 @@ pub struct Seen {
     /// `tag` metadata of calls fully done (handler ran and the reply was
     /// sent or failed), in order.
     pub finished: Vec<String>,
+    /// `tag` metadata of calls whose handler's future was dropped before
+    /// it finished (`await-forever`), in order.
+    pub dropped: Vec<String>,
 }
 
 /// The test's view into the test service: a gate for blocking handlers and
@@ -328,7 +331,9 @@ impl Probe {
 ///   binary details;
 /// - `fail-with-len`: the same, with a `detail` of that many bytes;
 /// - `who`: answer the caller's fabric and address as the server saw them
-///   (`peer-fabric`, `peer-addr`).
+///   (`peer-fabric`, `peer-addr`);
+/// - `await-forever`: wait for ever, recording the tag in
+///   [`Seen::dropped`] if the handler's future is dropped.
 ///
 /// `Stream` calls with `trailer` send its value as the trailing metadata
 /// `x-trailer` at the stream's end.
@@ -371,6 +376,17 @@ impl Echo for TestEcho {
         }
         if let Some(message) = md.get("panic") {
             panic!("{message}");
+        }
+        if md.get("await-forever").is_some() {
+            struct Dropped(Arc<Probe>, String);
+            impl Drop for Dropped {
+                fn drop(&mut self) {
+                    let tag = std::mem::take(&mut self.1);
+                    self.0.update(|s| s.dropped.push(tag));
+                }
+            }
+            let _dropped = Dropped(self.probe.clone(), tag.clone());
+            std::future::pending::<()>().await;
         }
         if let Some(message) = md.get("yield-log") {
             let message = message.to_owned();

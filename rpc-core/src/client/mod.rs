@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
-use stream_limit::{StreamLimit, StreamPermit};
+use stream_limit::{StreamLimit, StreamPermit, Waiting};
 
 /// A client's way to one service: one connection, or one to each of
 /// several endpoints, shared by every clone.
@@ -183,6 +183,19 @@ type StreamOpener = Box<dyn FnMut(&mut Context<'_>) -> Poll<Result<StreamStarted
 enum Opened {
     Now(Result<StreamStarted, Status>),
     Later(StreamOpener),
+}
+
+/// A stream that waits to start (see [`Channel::opener`]).
+struct Deferred {
+    method: &'static MethodDescriptor,
+    metadata: Metadata,
+    deadline: Option<Instant>,
+    /// The request message of a server-streaming call, encoded.
+    first: Option<Encoded>,
+    final_message: bool,
+    /// Whether it waits for a connection to come up, or fails
+    /// `Unavailable` without one (it always waits for room on one).
+    wait_for_ready: bool,
 }
 
 /// What one try to start a waiting stream came to.
@@ -728,6 +741,21 @@ impl Handle {
             }
         }
         best.ok_or_else(|| self.unavailable())
+    }
+
+    /// [`Handle::pick`] for a stream: a connection with room for one more
+    /// under its server's stream limit, if any has; else any.
+    fn pick_for_stream(self: &Arc<Self>) -> Result<Arc<Connection>, Status> {
+        let picked = self.pick()?;
+        if picked.streams.has_room() || self.single.is_some() {
+            return Ok(picked);
+        }
+        let targets = self.targets.load();
+        let roomy = targets
+            .iter()
+            .filter_map(|t| t.usable())
+            .find(|c| c.is_alive() && c.streams.has_room());
+        Ok(roomy.unwrap_or(picked))
     }
 
     /// `target`'s live connection, if it serves; a dead one is taken out.
@@ -1306,19 +1334,26 @@ impl Channel {
             let _ = metadata.to_mut().insert(TRACEPARENT, trace);
         }
         let _in = obs.span().clone().entered();
-        let picked = self.inner.pick();
+        let picked = self.inner.pick_for_stream();
         // A connection at its server's stream limit makes the stream wait,
         // as does no connection for a call that waits for ready.
+        let later = |metadata: std::borrow::Cow<'_, Metadata>, obs| {
+            let deferred = Deferred {
+                method,
+                metadata: metadata.into_owned(),
+                deadline: timeout.and_then(crate::deadline_after),
+                first: first.map(|m| Encoded(m.encode_to_vec())),
+                final_message,
+                wait_for_ready: wait,
+            };
+            Opened::Later(Self::opener(self.inner.clone(), deferred, obs))
+        };
         let (conn, permit) = match picked {
             Ok(conn) => match conn.streams.try_open() {
                 Some(permit) => (conn, permit),
-                None => {
-                    return self.open_later(method, metadata, timeout, first, final_message, obs);
-                }
+                None => return later(metadata, obs),
             },
-            Err(_) if wait => {
-                return self.open_later(method, metadata, timeout, first, final_message, obs);
-            }
+            Err(_) if wait => return later(metadata, obs),
             Err(status) => {
                 obs.finish(status.code());
                 return Opened::Now(Err(status));
@@ -1335,42 +1370,22 @@ impl Channel {
         })
     }
 
-    /// [`Opened::Later`]: the stream starts once a connection is up with
-    /// room for it (see [`Channel::opener`]).
-    fn open_later<Req: prost::Message>(
-        &self,
-        method: &'static MethodDescriptor,
-        metadata: std::borrow::Cow<'_, Metadata>,
-        timeout: Option<Duration>,
-        first: Option<&Req>,
-        final_message: bool,
-        obs: CallObs,
-    ) -> Opened {
-        Opened::Later(Self::opener(
-            self.inner.clone(),
+    /// Starts a stream once a connection is up (if it waits for ready)
+    /// and has room for it under its server's stream limit, or fails it
+    /// with `DeadlineExceeded` at its deadline.
+    fn opener(handle: Arc<Handle>, deferred: Deferred, obs: CallObs) -> StreamOpener {
+        let Deferred {
             method,
-            metadata.into_owned(),
-            timeout.and_then(crate::deadline_after),
-            first.map(|m| Encoded(m.encode_to_vec())),
+            metadata,
+            deadline,
+            first,
             final_message,
-            obs,
-        ))
-    }
-
-    /// Starts a stream once a connection is up and has room for it under
-    /// its server's stream limit, or fails it with `DeadlineExceeded` at
-    /// `deadline`.
-    fn opener(
-        handle: Arc<Handle>,
-        method: &'static MethodDescriptor,
-        metadata: Metadata,
-        deadline: Option<Instant>,
-        first: Option<Encoded>,
-        final_message: bool,
-        obs: CallObs,
-    ) -> StreamOpener {
+            wait_for_ready,
+        } = deferred;
         let mut obs = Some(obs);
-        let waiting = handle.clone();
+        let ready = handle.clone();
+        // Woken through it when a full connection's stream ends.
+        let waiting = Arc::new(Waiting::default());
         // The stream limit of the connection it last found full.
         let mut full = None;
         let mut try_start = move |waker: &Waker| -> Attempt {
@@ -1397,11 +1412,21 @@ impl Channel {
                 },
                 None => None,
             };
-            let Ok(conn) = handle.pick() else {
-                full = None;
-                return Attempt::NoConnection;
+            let conn = match handle.pick_for_stream() {
+                Ok(conn) => conn,
+                Err(_) if wait_for_ready => {
+                    full = None;
+                    return Attempt::NoConnection;
+                }
+                // It waited for room, and the connection went.
+                Err(status) => {
+                    if let Some(mut obs) = obs.take() {
+                        obs.finish(status.code());
+                    }
+                    return Attempt::Done(Err(status));
+                }
             };
-            let Some(permit) = conn.streams.open_or_wake(waker) else {
+            let Some(permit) = conn.streams.open_or_wake(&waiting, waker) else {
                 full = Some(conn.streams.max());
                 return Attempt::Full;
             };
@@ -1437,7 +1462,7 @@ impl Channel {
                 Poll::Pending
             }
             Attempt::NoConnection => {
-                waiting.ready.register(cx.waker(), deadline);
+                ready.ready.register(cx.waker(), deadline);
                 // A connection that came up before the waker was in place.
                 match try_start(cx.waker()) {
                     Attempt::Done(started) => Poll::Ready(started),
@@ -1860,7 +1885,9 @@ impl<F: Fabric> Client<F> {
             }
         });
         if let Err(e) = sent {
-            self.ep.role.calls().remove(id);
+            // Its place on the connection goes outside the table's lock.
+            let call = self.ep.role.calls().remove(id);
+            drop(call);
             return Err(e.into());
         }
         Ok((id, core))

@@ -3,14 +3,12 @@
 //! beyond them waits until one of the connection's streams ends, as an
 //! HTTP/2 client waits for `SETTINGS_MAX_CONCURRENT_STREAMS`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 
-/// Wakers kept at most before they are all woken (they register again if
-/// they still wait): one for each opener that gave up waiting would
-/// otherwise stay until a stream ends.
-const MAX_WAITERS: usize = 1024;
+/// Waiters kept before those that gave up are swept out.
+const SWEEP_AT: usize = 64;
 
 /// One connection's stream limit and the streams open on it.
 #[derive(Debug)]
@@ -18,7 +16,24 @@ pub(super) struct StreamLimit {
     /// Streams at most; 0 for no limit.
     max: u32,
     open: AtomicU32,
-    waiters: Mutex<Vec<Waker>>,
+    waiters: Mutex<Waiters>,
+}
+
+#[derive(Debug, Default)]
+struct Waiters {
+    list: Vec<Weak<Waiting>>,
+    /// Length at which the list is next swept of waiters that gave up.
+    sweep_at: usize,
+}
+
+/// A stream waiting for room: what to wake. Its opener holds it, the
+/// limits only a weak reference, so one that gave up costs nothing and is
+/// never woken.
+#[derive(Debug, Default)]
+pub(super) struct Waiting {
+    waker: Mutex<Option<Waker>>,
+    /// In a limit's list (until a stream's end takes the list).
+    listed: AtomicBool,
 }
 
 impl StreamLimit {
@@ -27,13 +42,18 @@ impl StreamLimit {
         Arc::new(StreamLimit {
             max,
             open: AtomicU32::new(0),
-            waiters: Mutex::new(Vec::new()),
+            waiters: Mutex::new(Waiters::default()),
         })
     }
 
     /// The limit; 0 for none.
     pub(super) fn max(&self) -> u32 {
         self.max
+    }
+
+    /// Whether a stream may open now.
+    pub(super) fn has_room(&self) -> bool {
+        self.max == 0 || self.open.load(Ordering::Acquire) < self.max
     }
 
     /// A place for one more stream, if the connection has one free.
@@ -59,33 +79,42 @@ impl StreamLimit {
     }
 
     /// A place for one more stream, or, if none is free, `waker` woken
-    /// once one is (and `None`).
-    pub(super) fn open_or_wake(self: &Arc<Self>, waker: &Waker) -> Option<StreamPermit> {
+    /// (through `waiting`) once a stream of the connection ends.
+    pub(super) fn open_or_wake(
+        self: &Arc<Self>,
+        waiting: &Arc<Waiting>,
+        waker: &Waker,
+    ) -> Option<StreamPermit> {
         if let Some(permit) = self.try_open() {
             return Some(permit);
         }
-        let stale = {
-            let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-            let stale = if waiters.len() >= MAX_WAITERS {
-                std::mem::take(&mut *waiters)
-            } else {
-                Vec::new()
-            };
-            if !waiters.iter().any(|w| w.will_wake(waker)) {
-                waiters.push(waker.clone());
+        *lock(&waiting.waker) = Some(waker.clone());
+        if !waiting.listed.swap(true, Ordering::AcqRel) {
+            let mut waiters = lock(&self.waiters);
+            if waiters.list.len() >= waiters.sweep_at.max(SWEEP_AT) {
+                waiters.list.retain(|w| w.strong_count() > 0);
+                waiters.sweep_at = waiters.list.len() * 2;
             }
-            stale
-        };
-        stale.into_iter().for_each(Waker::wake);
+            waiters.list.push(Arc::downgrade(waiting));
+        }
         // A stream that ended before the waker was in place.
         self.try_open()
     }
 
     fn close_one(&self) {
         self.open.fetch_sub(1, Ordering::AcqRel);
-        let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
-        waiters.into_iter().for_each(Waker::wake);
+        let list = std::mem::take(&mut lock(&self.waiters).list);
+        for waiting in list.iter().filter_map(Weak::upgrade) {
+            waiting.listed.store(false, Ordering::Release);
+            if let Some(waker) = lock(&waiting.waker).take() {
+                waker.wake();
+            }
+        }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One open stream's place on its connection, given back when dropped: when
@@ -116,18 +145,31 @@ mod tests {
         }
     }
 
+    fn counter() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        (count.clone(), Waker::from(count))
+    }
+
     #[test]
     fn a_stream_beyond_the_limit_waits_for_one_to_end() {
         let limit = StreamLimit::new(2);
         let a = limit.try_open().expect("first");
         let _b = limit.try_open().expect("second");
-        let woken = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(woken.clone());
-        assert!(limit.open_or_wake(&waker).is_none(), "a third waits");
+        assert!(!limit.has_room());
+        let (woken, waker) = counter();
+        let waiting = Arc::new(Waiting::default());
+        assert!(
+            limit.open_or_wake(&waiting, &waker).is_none(),
+            "a third waits"
+        );
+        assert!(
+            limit.open_or_wake(&waiting, &waker).is_none(),
+            "polled again"
+        );
         assert_eq!(woken.0.load(Ordering::SeqCst), 0);
         drop(a);
-        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "an end wakes it");
-        let _c = limit.open_or_wake(&waker).expect("then it opens");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "an end wakes it, once");
+        let _c = limit.open_or_wake(&waiting, &waker).expect("then it opens");
         assert!(limit.try_open().is_none(), "and the limit holds again");
     }
 
@@ -140,19 +182,20 @@ mod tests {
     }
 
     #[test]
-    fn waiters_that_gave_up_are_bounded() {
+    fn waiters_that_gave_up_are_neither_kept_nor_woken() {
         let limit = StreamLimit::new(1);
         let held = limit.try_open().unwrap();
-        let woken = Arc::new(Count(AtomicUsize::new(0)));
-        for _ in 0..MAX_WAITERS * 3 {
-            // A new task each time (a waker that will not wake the others).
-            let waker = Waker::from(Arc::new(Count(AtomicUsize::new(0))));
-            assert!(limit.open_or_wake(&waker).is_none());
+        let (gone, gone_waker) = counter();
+        for _ in 0..10_000 {
+            let waiting = Arc::new(Waiting::default());
+            assert!(limit.open_or_wake(&waiting, &gone_waker).is_none());
         }
-        assert!(limit.waiters.lock().unwrap().len() <= MAX_WAITERS);
-        let waker = Waker::from(woken.clone());
-        assert!(limit.open_or_wake(&waker).is_none());
+        assert!(lock(&limit.waiters).list.len() <= 2 * SWEEP_AT);
+        let (woken, waker) = counter();
+        let waiting = Arc::new(Waiting::default());
+        assert!(limit.open_or_wake(&waiting, &waker).is_none());
         drop(held);
         assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        assert_eq!(gone.0.load(Ordering::SeqCst), 0, "no wake for those gone");
     }
 }

@@ -8,7 +8,7 @@ use crate::observe::Side;
 use crate::payload::Payload;
 use crate::protocol::header::{FLAG_LENT, LENT_LEN, Lent};
 use crate::protocol::staging_size;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Message buffers a connection keeps for reuse, and the largest it keeps.
@@ -165,6 +165,9 @@ pub(super) struct Rendezvous {
     next_read: u64,
     reads: HashMap<u64, PendingRead>,
     held: HashMap<CallId, VecDeque<Held>>,
+    /// Calls of `held` that were cancelled: their reads' frames, and any
+    /// later frame of theirs, go nowhere.
+    cancelled: HashSet<CallId>,
     /// Bytes of the reads posted and not yet complete.
     reading: usize,
     /// Reads waiting for those to finish (see [`MAX_READING`]), in order.
@@ -783,10 +786,23 @@ impl<F: Fabric> Conn<F> {
         let len = HEADER_LEN + header.metadata_len as usize + frame.payload.len();
         crate::observe::bytes(self.side, false, len);
         {
-            let mut rdv = self.rendezvous();
+            let mut guard = self.rendezvous();
+            let rdv = &mut *guard;
             if let Some(queue) = rdv.held.get_mut(&header.call_id) {
-                queue.push_back(Held::Ready(frame));
-                return Ok(());
+                if rdv.cancelled.contains(&header.call_id) {
+                    return Ok(()); // after its cancel: nothing more of it
+                }
+                if header.kind != FrameKind::Cancel {
+                    queue.push_back(Held::Ready(frame));
+                    return Ok(());
+                }
+                // A cancel does not wait for the call's reads: the peer
+                // may start another call as soon as it sent it (a stream
+                // in the place this one leaves under the server's limit).
+                // What the call still had coming is dropped, a request
+                // that was being read included: the call never starts.
+                queue.retain(|h| matches!(h, Held::Reading(_)));
+                rdv.cancelled.insert(header.call_id);
             }
         }
         deliver(frame);
@@ -884,6 +900,8 @@ impl<F: Fabric> Conn<F> {
         };
         let mut ready = Vec::new();
         let mut next = Vec::new();
+        // A frame of a cancelled call, dropped outside the lock.
+        let mut discarded = None;
         let (call_id, rkey) = {
             let mut rdv = self.rendezvous();
             let p = rdv
@@ -904,7 +922,17 @@ impl<F: Fabric> Conn<F> {
                 metadata: p.metadata,
                 payload: Payload::Lent(Box::new(buf)),
             };
-            if let Some(queue) = rdv.held.get_mut(&call_id) {
+            if rdv.cancelled.contains(&call_id) {
+                // Read for a call cancelled meanwhile: dropped.
+                if let Some(queue) = rdv.held.get_mut(&call_id) {
+                    queue.retain(|h| !matches!(h, Held::Reading(id) if *id == wr_id));
+                    if queue.is_empty() {
+                        rdv.held.remove(&call_id);
+                        rdv.cancelled.remove(&call_id);
+                    }
+                }
+                discarded = Some(frame);
+            } else if let Some(queue) = rdv.held.get_mut(&call_id) {
                 if let Some(slot) = queue
                     .iter_mut()
                     .find(|h| matches!(h, Held::Reading(id) if *id == wr_id))
@@ -922,6 +950,7 @@ impl<F: Fabric> Conn<F> {
             }
             (call_id, p.rkey)
         };
+        drop(discarded);
         let release = OutFrame {
             kind: FrameKind::Release,
             call_id,
