@@ -297,6 +297,19 @@ fn start(url: &str) -> (rpc_core::ServerHandle, Arc<Live>, String) {
     (server, live, u)
 }
 
+/// A server that serves one stream at a time per connection, and a client.
+fn start_with_one_stream(url: &str) -> (rpc_core::ServerHandle, RouteGuideClient) {
+    let server = serve(
+        Server::builder()
+            .dispatchers(1)
+            .max_concurrent_streams(1)
+            .add_service(RouteGuideServer::new(Adversary::default())),
+        url,
+    );
+    let client = client_for(server.local_url(), Some(LIMIT));
+    (server, client)
+}
+
 fn client_for(url: &str, timeout: Option<Duration>) -> RouteGuideClient {
     let mut b = Channel::builder(url);
     if let Some(t) = timeout {
@@ -949,14 +962,7 @@ on_soft_fabrics! {
     /// rendezvous): the cancel does not wait behind the read, so a stream
     /// opened in its place under the server's limit is not refused.
     fn a_cancel_behind_a_large_message_frees_its_place_at_once(url: &str) {
-        let server = serve(
-            Server::builder()
-                .dispatchers(1)
-                .max_concurrent_streams(1)
-                .add_service(RouteGuideServer::new(Adversary::default())),
-            url,
-        );
-        let client = client_for(server.local_url(), Some(LIMIT));
+        let (_server, client) = start_with_one_stream(url);
         for round in 0..10 {
             let (mut tx, rx) = client.route_chat_sender(Request::new(()));
             tx.send(RouteNote { location: None, message: "x".repeat(8 << 20) }).unwrap();
@@ -978,14 +984,7 @@ on_soft_fabrics! {
     /// does not wait for ready: when the connection goes, it fails
     /// `Unavailable` at once rather than wait for another connection.
     fn a_stream_waiting_for_room_fails_when_its_connection_goes(url: &str) {
-        let server = serve(
-            Server::builder()
-                .dispatchers(1)
-                .max_concurrent_streams(1)
-                .add_service(RouteGuideServer::new(Adversary::default())),
-            url,
-        );
-        let client = client_for(server.local_url(), Some(LIMIT));
+        let (server, client) = start_with_one_stream(url);
         let mut r = Request::new(());
         r.metadata_mut().insert("mode", "silent").unwrap();
         let (_tx, mut held) = client.route_chat_sender(r);
@@ -1002,5 +1001,29 @@ on_soft_fabrics! {
         assert_eq!(second.unwrap_err().code(), Code::Unavailable);
         assert!(waited < LIMIT / 2, "waited {waited:?}");
         assert_eq!(held.blocking_message().unwrap_err().code(), Code::Unavailable);
+    }
+}
+
+on_soft_fabrics! {
+    /// A bidi stream waiting for room, its sender and its reader blocked
+    /// on two threads: when a place frees, both go on.
+    fn both_ends_of_a_stream_waiting_for_room_go_on(url: &str) {
+        let (_server, client) = start_with_one_stream(url);
+        let mut r = Request::new(());
+        r.metadata_mut().insert("mode", "silent").unwrap();
+        let held = client.route_chat_sender(r);
+        let (mut tx, mut rx) = client.route_chat_sender(Request::new(()));
+        let sender = std::thread::spawn(move || {
+            tx.send(RouteNote { location: None, message: "after".into() })
+                .map(|()| tx)
+        });
+        let reader = std::thread::spawn(move || rx.blocking_message());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!sender.is_finished() && !reader.is_finished(), "they did not wait");
+        drop(held);
+        let echoed = bounded("the reader", move || reader.join().unwrap());
+        assert_eq!(echoed.unwrap().expect("an echo").message, "after");
+        let tx = bounded("the sender", move || sender.join().unwrap());
+        drop(tx.unwrap());
     }
 }

@@ -155,14 +155,21 @@ impl<T> Request<T> {
 
     /// On the server: whether the caller cancelled the call (it dropped it,
     /// or its deadline passed) or went away. Handlers that run long check
-    /// it, or await [`Request::cancelled`].
+    /// it, or await [`Request::cancelled`]. A handler that asks (this or
+    /// [`Request::cancelled`]) ends its call itself once cancelled: the
+    /// server no longer drops its future on a cancel.
     pub fn is_cancelled(&self) -> bool {
-        self.signal.as_ref().is_some_and(|s| s.is_cancelled())
+        self.signal.as_ref().is_some_and(|s| {
+            s.watch();
+            s.is_cancelled()
+        })
     }
 
     /// On the server: completes once the caller cancels the call or goes
-    /// away (never, for a call that cannot be cancelled). Race it against
-    /// the handler's work:
+    /// away (never, for a call that cannot be cancelled). A handler that
+    /// asks for it ends its call itself once cancelled (the server no
+    /// longer drops its future on a cancel), so it can clean up, awaiting
+    /// what it must. Race it against the handler's work:
     ///
     /// ```ignore
     /// tokio::select! {
@@ -172,6 +179,9 @@ impl<T> Request<T> {
     /// ```
     pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let signal = self.signal.clone();
+        if let Some(s) = &signal {
+            s.watch();
+        }
         std::future::poll_fn(move |cx| match &signal {
             Some(s) => s.poll_cancelled(cx),
             None => std::task::Poll::Pending,

@@ -306,6 +306,22 @@ impl ServerCall {
         }
     }
 
+    /// Whether the handler watches for cancellation itself
+    /// ([`Request::cancelled`], [`Request::is_cancelled`]).
+    fn watched(&self) -> bool {
+        match (&self.core, &self.signal) {
+            (Some(core), _) => core.signal.is_watched(),
+            (None, Some(signal)) => signal.is_watched(),
+            (None, None) => false,
+        }
+    }
+
+    /// Whether the call is cancelled and its handler, which does not watch
+    /// for that itself, is to be dropped.
+    fn drops_on_cancel(&self) -> bool {
+        self.is_cancelled() && !self.watched()
+    }
+
     /// Whether the caller cancelled the call or went away.
     fn is_cancelled(&self) -> bool {
         match (&self.core, &self.signal) {
@@ -841,8 +857,9 @@ where
             return Poll::Ready(()); // polled again after it finished
         };
         // A cancelled call's handler is not polled again: its future is
-        // dropped (as tonic drops it), and nothing is answered.
-        if this.call.as_ref().is_some_and(ServerCall::is_cancelled) {
+        // dropped (as tonic drops it), and nothing is answered; unless it
+        // watches for cancellation itself.
+        if this.call.as_ref().is_some_and(ServerCall::drops_on_cancel) {
             drop_caught(|| this.future.set(None));
             this.call.take();
             return Poll::Ready(());
@@ -851,9 +868,10 @@ where
             if let Some(call) = this.call.as_mut() {
                 // A unary handler that has to wait can hear of a cancel
                 // from then on (a stream's call is registered already),
-                // and a cancel wakes its task to drop it.
+                // and a cancel wakes its task to drop it (a handler that
+                // watches for it is woken by its own watching).
                 call.register_unary();
-                if call.poll_cancelled(cx).is_ready() {
+                if !call.watched() && call.poll_cancelled(cx).is_ready() {
                     cx.waker().wake_by_ref();
                 }
             }
@@ -873,7 +891,7 @@ where
 /// Polls a handler's future to its output, catching a panic (so that the
 /// call is still ours to answer with the panic's message); `None` once the
 /// call is cancelled (`signal`): the future is then dropped unfinished, as
-/// tonic drops it.
+/// tonic drops it, unless the handler watches for cancellation itself.
 async fn run_handler<T, Fut: Future<Output = T>>(
     future: Fut,
     signal: Option<Arc<Signal>>,
@@ -883,7 +901,7 @@ async fn run_handler<T, Fut: Future<Output = T>>(
         let cancelled = |cx: &mut Context<'_>| {
             signal
                 .as_ref()
-                .is_some_and(|s| s.poll_cancelled(cx).is_ready())
+                .is_some_and(|s| !s.is_watched() && s.poll_cancelled(cx).is_ready())
         };
         if cancelled(cx) {
             drop_caught(|| future.set(None));
@@ -931,12 +949,13 @@ impl Drop for ServerCall {
         if self.registered {
             self.registry.remove(self.qp_num, self.call_id);
         }
+        // Read before the stream is failed below, which fires its signal.
+        let cancelled = self.is_cancelled();
         if let Some(core) = &self.core {
             // A request stream still read (by a task the handler spawned)
             // ends: nothing more arrives for a finished call.
             core.fail(Status::cancelled("the call has finished"));
         }
-        let cancelled = self.is_cancelled();
         if let Some(signal) = self.signal.take() {
             give_signal(signal);
         }

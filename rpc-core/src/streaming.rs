@@ -175,6 +175,10 @@ pub(crate) fn send_control(
 pub(crate) struct Signal {
     cancelled: AtomicBool,
     wakers: Mutex<Vec<Waker>>,
+    /// The handler asked about cancellation itself ([`Request::cancelled`],
+    /// [`Request::is_cancelled`]): it ends its call as it sees fit, and a
+    /// cancel does not drop its future.
+    watched: AtomicBool,
 }
 
 impl Signal {
@@ -191,9 +195,22 @@ impl Signal {
         self.cancelled.load(Ordering::Acquire)
     }
 
+    /// The handler watches for cancellation itself (see `watched`).
+    pub(crate) fn watch(&self) {
+        if !self.watched.load(Ordering::Relaxed) {
+            self.watched.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the handler watches for cancellation itself.
+    pub(crate) fn is_watched(&self) -> bool {
+        self.watched.load(Ordering::Acquire)
+    }
+
     /// Makes a signal nobody else holds new again, for reuse.
     pub(crate) fn reset(&mut self) {
         *self.cancelled.get_mut() = false;
+        *self.watched.get_mut() = false;
         self.wakers
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())

@@ -751,9 +751,10 @@ impl Handle {
             return Ok(picked);
         }
         let targets = self.targets.load();
-        let roomy = targets
-            .iter()
-            .filter_map(|t| t.usable())
+        let n = targets.len();
+        let start = self.next.load(Ordering::Relaxed);
+        let roomy = (0..n)
+            .filter_map(|k| targets[(start + k) % n].usable())
             .find(|c| c.is_alive() && c.streams.has_room());
         Ok(roomy.unwrap_or(picked))
     }

@@ -3,7 +3,7 @@
 //! beyond them waits until one of the connection's streams ends, as an
 //! HTTP/2 client waits for `SETTINGS_MAX_CONCURRENT_STREAMS`.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 
@@ -26,14 +26,16 @@ struct Waiters {
     sweep_at: usize,
 }
 
-/// A stream waiting for room: what to wake. Its opener holds it, the
-/// limits only a weak reference, so one that gave up costs nothing and is
-/// never woken.
+/// A stream waiting for room: what to wake (each task that polls it: a
+/// stream's `Streaming` and its `RequestSender` may wait in two). Its
+/// opener holds it, the limits only a weak reference, so one that gave up
+/// costs nothing and is never woken.
 #[derive(Debug, Default)]
 pub(super) struct Waiting {
-    waker: Mutex<Option<Waker>>,
-    /// In a limit's list (until a stream's end takes the list).
-    listed: AtomicBool,
+    wakers: Mutex<Vec<Waker>>,
+    /// The limit whose list it is in (its address; 0: none), until a
+    /// stream's end there takes the list.
+    listed_on: AtomicUsize,
 }
 
 impl StreamLimit {
@@ -88,8 +90,14 @@ impl StreamLimit {
         if let Some(permit) = self.try_open() {
             return Some(permit);
         }
-        *lock(&waiting.waker) = Some(waker.clone());
-        if !waiting.listed.swap(true, Ordering::AcqRel) {
+        {
+            let mut wakers = lock(&waiting.wakers);
+            if !wakers.iter().any(|w| w.will_wake(waker)) {
+                wakers.push(waker.clone());
+            }
+        }
+        let here = self.address();
+        if waiting.listed_on.swap(here, Ordering::AcqRel) != here {
             let mut waiters = lock(&self.waiters);
             if waiters.list.len() >= waiters.sweep_at.max(SWEEP_AT) {
                 waiters.list.retain(|w| w.strong_count() > 0);
@@ -101,14 +109,23 @@ impl StreamLimit {
         self.try_open()
     }
 
+    /// This limit's address, which names it in [`Waiting::listed_on`].
+    fn address(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
     fn close_one(&self) {
         self.open.fetch_sub(1, Ordering::AcqRel);
+        let here = self.address();
         let list = std::mem::take(&mut lock(&self.waiters).list);
         for waiting in list.iter().filter_map(Weak::upgrade) {
-            waiting.listed.store(false, Ordering::Release);
-            if let Some(waker) = lock(&waiting.waker).take() {
-                waker.wake();
-            }
+            // Unless it moved on to another connection's list meanwhile.
+            let _ =
+                waiting
+                    .listed_on
+                    .compare_exchange(here, 0, Ordering::AcqRel, Ordering::Acquire);
+            let wakers = std::mem::take(&mut *lock(&waiting.wakers));
+            wakers.into_iter().for_each(Waker::wake);
         }
     }
 }
@@ -197,5 +214,32 @@ mod tests {
         drop(held);
         assert_eq!(woken.0.load(Ordering::SeqCst), 1);
         assert_eq!(gone.0.load(Ordering::SeqCst), 0, "no wake for those gone");
+    }
+
+    #[test]
+    fn every_task_waiting_on_one_stream_is_woken() {
+        let limit = StreamLimit::new(1);
+        let held = limit.try_open().unwrap();
+        let waiting = Arc::new(Waiting::default());
+        let (sender, sender_waker) = counter();
+        let (reader, reader_waker) = counter();
+        assert!(limit.open_or_wake(&waiting, &sender_waker).is_none());
+        assert!(limit.open_or_wake(&waiting, &reader_waker).is_none());
+        drop(held);
+        assert_eq!(sender.0.load(Ordering::SeqCst), 1, "the sender's task");
+        assert_eq!(reader.0.load(Ordering::SeqCst), 1, "the reader's task");
+    }
+
+    #[test]
+    fn a_stream_that_moves_to_another_full_connection_waits_there() {
+        let (a, b) = (StreamLimit::new(1), StreamLimit::new(1));
+        let (held_a, held_b) = (a.try_open().unwrap(), b.try_open().unwrap());
+        let waiting = Arc::new(Waiting::default());
+        let (woken, waker) = counter();
+        assert!(a.open_or_wake(&waiting, &waker).is_none());
+        assert!(b.open_or_wake(&waiting, &waker).is_none());
+        drop(held_b);
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "b's end wakes it");
+        drop(held_a);
     }
 }
