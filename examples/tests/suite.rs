@@ -1042,20 +1042,25 @@ on_every_fabric! {
             let probe = Probe::new();
             let server = serve(test_server_with(&probe, inline), url);
             let echo = EchoClient::new(channel(server.local_url()));
-            let forever = |tag: &str| echo_request(tag, Vec::new(), &[("await-forever", "1")]);
             let dropped = |tag: &str| {
                 probe.wait_for(&format!("{tag:?}'s handler dropped"), |s| {
                     s.dropped.iter().any(|t| t == tag)
                 })
             };
-            let call = echo.echo(forever("dropped"));
-            probe.wait_entered("dropped");
-            drop(call);
-            dropped("dropped");
-            let mut request = forever("deadline");
-            request.set_timeout(Duration::from_millis(200));
-            expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
-            dropped("deadline");
+            // Asking about cancellation before waiting makes no difference.
+            for first in ["1", "check", "race"] {
+                let forever = |tag: &str| echo_request(tag, Vec::new(), &[("await-forever", first)]);
+                let tag = format!("dropped-{first}");
+                let call = echo.echo(forever(&tag));
+                probe.wait_entered(&tag);
+                drop(call);
+                dropped(&tag);
+                let tag = format!("deadline-{first}");
+                let mut request = forever(&tag);
+                request.set_timeout(Duration::from_millis(200));
+                expect_code(echo.echo(request).wait(), Code::DeadlineExceeded);
+                dropped(&tag);
+            }
             // Nothing was answered for them, and the server goes on.
             let reply = echo.echo(echo_request("after", b"ok".to_vec(), &[])).wait().unwrap();
             assert_eq!(reply.into_inner().payload, &b"ok"[..], "inline: {inline}");

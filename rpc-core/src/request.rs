@@ -155,21 +155,18 @@ impl<T> Request<T> {
 
     /// On the server: whether the caller cancelled the call (it dropped it,
     /// or its deadline passed) or went away. Handlers that run long check
-    /// it, or await [`Request::cancelled`]. A handler that asks (this or
-    /// [`Request::cancelled`]) ends its call itself once cancelled: the
-    /// server no longer drops its future on a cancel.
+    /// it, or await [`Request::cancelled`]. A handler this told of a
+    /// cancel ends its call itself: the server no longer drops its future.
     pub fn is_cancelled(&self) -> bool {
-        self.signal.as_ref().is_some_and(|s| {
-            s.watch();
-            s.is_cancelled()
-        })
+        self.signal.as_ref().is_some_and(|s| s.tell())
     }
 
     /// On the server: completes once the caller cancels the call or goes
-    /// away (never, for a call that cannot be cancelled). A handler that
-    /// asks for it ends its call itself once cancelled (the server no
-    /// longer drops its future on a cancel), so it can clean up, awaiting
-    /// what it must. Race it against the handler's work:
+    /// away (never, for a call that cannot be cancelled). While a handler
+    /// holds this future, and once it has completed, the handler ends its
+    /// call itself on a cancel (the server does not drop its future), so it
+    /// can clean up, awaiting what it must. Race it against the handler's
+    /// work:
     ///
     /// ```ignore
     /// tokio::select! {
@@ -178,14 +175,7 @@ impl<T> Request<T> {
     /// }
     /// ```
     pub fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let signal = self.signal.clone();
-        if let Some(s) = &signal {
-            s.watch();
-        }
-        std::future::poll_fn(move |cx| match &signal {
-            Some(s) => s.poll_cancelled(cx),
-            None => std::task::Poll::Pending,
-        })
+        Cancelled::new(self.signal.clone())
     }
 
     /// Replaces the message, keeping metadata and options.
@@ -400,6 +390,47 @@ impl Trailers {
                 // Keys were checked when inserted.
                 let _ = metadata.insert_bin(key, value);
             }
+        }
+    }
+}
+
+/// [`Request::cancelled`]: counted among the signal's watchers while it
+/// lives.
+struct Cancelled(Option<Arc<Signal>>);
+
+impl Cancelled {
+    fn new(signal: Option<Arc<Signal>>) -> Cancelled {
+        if let Some(s) = &signal {
+            s.watch();
+        }
+        Cancelled(signal)
+    }
+}
+
+impl std::future::Future for Cancelled {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        match &self.0 {
+            Some(s) => {
+                let polled = s.poll_cancelled(cx);
+                if polled.is_ready() {
+                    s.tell();
+                }
+                polled
+            }
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.unwatch();
         }
     }
 }

@@ -25,7 +25,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker, ready};
 
@@ -175,10 +175,13 @@ pub(crate) fn send_control(
 pub(crate) struct Signal {
     cancelled: AtomicBool,
     wakers: Mutex<Vec<Waker>>,
-    /// The handler asked about cancellation itself ([`Request::cancelled`],
-    /// [`Request::is_cancelled`]): it ends its call as it sees fit, and a
-    /// cancel does not drop its future.
-    watched: AtomicBool,
+    /// Live [`Request::cancelled`] futures: while the handler holds one, it
+    /// watches for the cancel itself, and a cancel does not drop it.
+    watchers: AtomicUsize,
+    /// The handler learnt of the cancel ([`Request::cancelled`] completed,
+    /// or [`Request::is_cancelled`] said so): it ends its call as it sees
+    /// fit, and is not dropped.
+    told: AtomicBool,
 }
 
 impl Signal {
@@ -195,22 +198,36 @@ impl Signal {
         self.cancelled.load(Ordering::Acquire)
     }
 
-    /// The handler watches for cancellation itself (see `watched`).
+    /// A [`Request::cancelled`] future was made (see `watchers`).
     pub(crate) fn watch(&self) {
-        if !self.watched.load(Ordering::Relaxed) {
-            self.watched.store(true, Ordering::Release);
-        }
+        self.watchers.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Whether the handler watches for cancellation itself.
+    /// That future was dropped.
+    pub(crate) fn unwatch(&self) {
+        self.watchers.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether the call is cancelled, as the handler learns it (see `told`).
+    pub(crate) fn tell(&self) -> bool {
+        let cancelled = self.is_cancelled();
+        if cancelled && !self.told.load(Ordering::Relaxed) {
+            self.told.store(true, Ordering::Release);
+        }
+        cancelled
+    }
+
+    /// Whether the handler watches for cancellation itself, or has learnt
+    /// of it: then it, not the server, ends its call.
     pub(crate) fn is_watched(&self) -> bool {
-        self.watched.load(Ordering::Acquire)
+        self.told.load(Ordering::Acquire) || self.watchers.load(Ordering::Acquire) > 0
     }
 
     /// Makes a signal nobody else holds new again, for reuse.
     pub(crate) fn reset(&mut self) {
         *self.cancelled.get_mut() = false;
-        *self.watched.get_mut() = false;
+        *self.watchers.get_mut() = 0;
+        *self.told.get_mut() = false;
         self.wakers
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())

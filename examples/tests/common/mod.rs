@@ -333,7 +333,10 @@ impl Probe {
 /// - `who`: answer the caller's fabric and address as the server saw them
 ///   (`peer-fabric`, `peer-addr`);
 /// - `await-forever`: wait for ever, recording the tag in
-///   [`Seen::dropped`] if the handler's future is dropped.
+///   [`Seen::dropped`] if the handler's future is dropped; with `check`,
+///   asks `request.is_cancelled()` first, with `race`, makes (and drops)
+///   a `request.cancelled()` future first, as a handler whose work won a
+///   `select!` against it does;
 ///
 /// `Stream` calls with `trailer` send its value as the trailing metadata
 /// `x-trailer` at the stream's end.
@@ -377,7 +380,12 @@ impl Echo for TestEcho {
         if let Some(message) = md.get("panic") {
             panic!("{message}");
         }
-        if md.get("await-forever").is_some() {
+        if let Some(first) = md.get("await-forever") {
+            match first {
+                "check" => assert!(!request.is_cancelled()),
+                "race" => drop(request.cancelled()),
+                _ => {}
+            }
             struct Dropped(Arc<Probe>, String);
             impl Drop for Dropped {
                 fn drop(&mut self) {

@@ -3,7 +3,7 @@
 //! beyond them waits until one of the connection's streams ends, as an
 //! HTTP/2 client waits for `SETTINGS_MAX_CONCURRENT_STREAMS`.
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 
@@ -31,11 +31,14 @@ struct Waiters {
 /// opener holds it, the limits only a weak reference, so one that gave up
 /// costs nothing and is never woken.
 #[derive(Debug, Default)]
-pub(super) struct Waiting {
-    wakers: Mutex<Vec<Waker>>,
-    /// The limit whose list it is in (its address; 0: none), until a
-    /// stream's end there takes the list.
-    listed_on: AtomicUsize,
+pub(super) struct Waiting(Mutex<WaitingState>);
+
+#[derive(Debug, Default)]
+struct WaitingState {
+    wakers: Vec<Waker>,
+    /// The limits whose lists it is in (their addresses), each until a
+    /// stream's end there takes its list.
+    listed_on: Vec<usize>,
 }
 
 impl StreamLimit {
@@ -90,14 +93,19 @@ impl StreamLimit {
         if let Some(permit) = self.try_open() {
             return Some(permit);
         }
-        {
-            let mut wakers = lock(&waiting.wakers);
-            if !wakers.iter().any(|w| w.will_wake(waker)) {
-                wakers.push(waker.clone());
-            }
-        }
         let here = self.address();
-        if waiting.listed_on.swap(here, Ordering::AcqRel) != here {
+        let list = {
+            let mut st = lock(&waiting.0);
+            if !st.wakers.iter().any(|w| w.will_wake(waker)) {
+                st.wakers.push(waker.clone());
+            }
+            let list = !st.listed_on.contains(&here);
+            if list {
+                st.listed_on.push(here);
+            }
+            list
+        };
+        if list {
             let mut waiters = lock(&self.waiters);
             if waiters.list.len() >= waiters.sweep_at.max(SWEEP_AT) {
                 waiters.list.retain(|w| w.strong_count() > 0);
@@ -119,12 +127,11 @@ impl StreamLimit {
         let here = self.address();
         let list = std::mem::take(&mut lock(&self.waiters).list);
         for waiting in list.iter().filter_map(Weak::upgrade) {
-            // Unless it moved on to another connection's list meanwhile.
-            let _ =
-                waiting
-                    .listed_on
-                    .compare_exchange(here, 0, Ordering::AcqRel, Ordering::Acquire);
-            let wakers = std::mem::take(&mut *lock(&waiting.wakers));
+            let wakers = {
+                let mut st = lock(&waiting.0);
+                st.listed_on.retain(|&l| l != here);
+                std::mem::take(&mut st.wakers)
+            };
             wakers.into_iter().for_each(Waker::wake);
         }
     }
@@ -238,6 +245,13 @@ mod tests {
         let (woken, waker) = counter();
         assert!(a.open_or_wake(&waiting, &waker).is_none());
         assert!(b.open_or_wake(&waiting, &waker).is_none());
+        // Found full by turns, it is listed once on each.
+        for _ in 0..100 {
+            assert!(a.open_or_wake(&waiting, &waker).is_none());
+            assert!(b.open_or_wake(&waiting, &waker).is_none());
+        }
+        assert_eq!(lock(&a.waiters).list.len(), 1);
+        assert_eq!(lock(&b.waiters).list.len(), 1);
         drop(held_b);
         assert_eq!(woken.0.load(Ordering::SeqCst), 1, "b's end wakes it");
         drop(held_a);
