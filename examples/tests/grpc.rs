@@ -683,3 +683,31 @@ fn the_grpc_face_and_grpc_urls_speak_mutual_tls() {
         drop(server);
     });
 }
+
+#[test]
+fn a_grpc_call_cancelled_by_its_caller_is_dropped_all_the_way() {
+    // Our client, through the grpc:// gateway and tonic, to our server's
+    // gRPC face: a caller that drops its call drops the gateway's
+    // forwarded call, whose reset drops the face's handler.
+    watchdog(|| {
+        use examples::echo::echo_client::EchoClient;
+        let probe = Probe::new();
+        let server = serve(
+            test_server_with(&probe, true).grpc("127.0.0.1:0"),
+            "mem://gateway-cancel",
+        );
+        let addr = server.grpc_addr().expect("a gRPC face");
+        let echo = EchoClient::connect(&format!("grpc://{addr}")).unwrap();
+        let call = echo.echo(echo_request(
+            "forever",
+            Vec::new(),
+            &[("await-forever", "1")],
+        ));
+        probe.wait_entered("forever");
+        drop(call);
+        probe.wait_for("the face's handler dropped", |s| {
+            s.dropped.iter().any(|t| t == "forever")
+        });
+        bounded("shutdown", move || server.shutdown());
+    });
+}

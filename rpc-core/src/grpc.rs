@@ -1108,27 +1108,6 @@ impl Stream for FromServer {
     }
 }
 
-/// `call`, unless our caller cancels first: then it is dropped, which
-/// resets the HTTP/2 stream so that the gRPC server learns of it too, and
-/// the forwarded call ends `Cancelled` (nobody reads that answer).
-async fn unless_cancelled<T>(
-    cancelled: impl Future<Output = ()>,
-    call: impl Future<Output = Result<T, tonic::Status>>,
-) -> Result<T, Status> {
-    let mut cancelled = std::pin::pin!(cancelled);
-    let mut call = std::pin::pin!(call);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(r) = call.as_mut().poll(cx) {
-            return Poll::Ready(r.map_err(from_grpc));
-        }
-        if cancelled.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(Status::cancelled("the caller cancelled the call")));
-        }
-        Poll::Pending
-    })
-    .await
-}
-
 /// A tonic client of `channel`, once it can send (connected); a channel
 /// that could not be made fails the call with its status, whatever its
 /// kind.
@@ -1162,42 +1141,44 @@ impl crate::Service for Forward {
         };
         let channel = self.channel(&target, tls.as_deref());
         match kind.as_str() {
-            // Each waits for tonic's answer unless our caller cancels; a
-            // response stream is dropped on a cancel by the server already.
+            // A cancel by our caller drops the handler, and with it tonic's
+            // call, which resets its HTTP/2 stream.
             "unary" => call.unary_async(move |r: Request<RawMessage>| async move {
                 let mut grpc = ready(channel).await?;
-                let cancelled = r.cancelled();
                 let request = to_tonic(r, |m| Bytes::from(m.0));
-                let reply =
-                    unless_cancelled(cancelled, grpc.unary(request, path, RawCodec)).await?;
+                let reply = grpc
+                    .unary(request, path, RawCodec)
+                    .await
+                    .map_err(from_grpc)?;
                 Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
             }),
             "server" => call.server_streaming(move |r: Request<RawMessage>| async move {
                 let mut grpc = ready(channel).await?;
-                let cancelled = r.cancelled();
                 let request = to_tonic(r, |m| Bytes::from(m.0));
-                let reply =
-                    unless_cancelled(cancelled, grpc.server_streaming(request, path, RawCodec))
-                        .await?;
+                let reply = grpc
+                    .server_streaming(request, path, RawCodec)
+                    .await
+                    .map_err(from_grpc)?;
                 Ok(FromServer::response(reply))
             }),
             "client" => {
                 call.client_streaming(move |r: Request<Streaming<RawMessage>>| async move {
                     let mut grpc = ready(channel).await?;
-                    let cancelled = r.cancelled();
                     let request = to_tonic(r, to_server);
-                    let reply =
-                        unless_cancelled(cancelled, grpc.client_streaming(request, path, RawCodec))
-                            .await?;
+                    let reply = grpc
+                        .client_streaming(request, path, RawCodec)
+                        .await
+                        .map_err(from_grpc)?;
                     Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
                 })
             }
             _ => call.streaming(move |r: Request<Streaming<RawMessage>>| async move {
                 let mut grpc = ready(channel).await?;
-                let cancelled = r.cancelled();
                 let request = to_tonic(r, to_server);
-                let reply =
-                    unless_cancelled(cancelled, grpc.streaming(request, path, RawCodec)).await?;
+                let reply = grpc
+                    .streaming(request, path, RawCodec)
+                    .await
+                    .map_err(from_grpc)?;
                 Ok(FromServer::response(reply))
             }),
         }

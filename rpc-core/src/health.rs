@@ -114,12 +114,12 @@ impl Registry {
         self.state().statuses.get(service).copied()
     }
 
-    /// Applies `change` to the statuses (unless the server is shutting
-    /// down) and wakes the watchers if it changed anything.
-    fn change(&self, change: impl FnOnce(&mut HashMap<String, ServingStatus>) -> bool) {
+    /// Applies `change` to the state and, if it changed anything, tells
+    /// the watchers.
+    fn update(&self, change: impl FnOnce(&mut State) -> bool) {
         let watchers = {
             let mut st = self.state();
-            if st.shut_down || !change(&mut st.statuses) {
+            if !change(&mut st) {
                 return;
             }
             st.version += 1;
@@ -128,22 +128,25 @@ impl Registry {
         watchers.into_iter().for_each(Waker::wake);
     }
 
+    /// Applies `change` to the statuses, unless the server is shutting
+    /// down.
+    fn change(&self, change: impl FnOnce(&mut HashMap<String, ServingStatus>) -> bool) {
+        self.update(|st| !st.shut_down && change(&mut st.statuses));
+    }
+
     /// The server is shutting down: every known service is `NotServing`
     /// from now on, and watches end after they say so.
     fn shut_down(&self) {
-        let watchers = {
-            let mut st = self.state();
+        self.update(|st| {
             if st.shut_down {
-                return;
+                return false;
             }
             st.statuses
                 .values_mut()
                 .for_each(|s| *s = ServingStatus::NotServing);
             st.shut_down = true;
-            st.version += 1;
-            std::mem::take(&mut st.watchers)
-        };
-        watchers.into_iter().for_each(Waker::wake);
+            true
+        });
     }
 }
 

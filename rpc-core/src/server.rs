@@ -296,39 +296,18 @@ impl ServerCall {
         }
     }
 
-    /// Ready once the caller cancelled the call or went away; until then
-    /// the task polling it is woken when that happens.
-    fn poll_cancelled(&self, cx: &mut Context<'_>) -> Poll<()> {
+    /// The call's cancel signal: the stream's, or the unary call's own
+    /// if it has one.
+    fn signal(&self) -> Option<&Signal> {
         match (&self.core, &self.signal) {
-            (Some(core), _) => core.signal.poll_cancelled(cx),
-            (None, Some(signal)) => signal.poll_cancelled(cx),
-            (None, None) => Poll::Pending,
+            (Some(core), _) => Some(&core.signal),
+            (None, signal) => signal.as_deref(),
         }
-    }
-
-    /// Whether the handler watches for cancellation itself
-    /// ([`Request::cancelled`], [`Request::is_cancelled`]).
-    fn watched(&self) -> bool {
-        match (&self.core, &self.signal) {
-            (Some(core), _) => core.signal.is_watched(),
-            (None, Some(signal)) => signal.is_watched(),
-            (None, None) => false,
-        }
-    }
-
-    /// Whether the call is cancelled and its handler, which does not watch
-    /// for that itself, is to be dropped.
-    fn drops_on_cancel(&self) -> bool {
-        self.is_cancelled() && !self.watched()
     }
 
     /// Whether the caller cancelled the call or went away.
     fn is_cancelled(&self) -> bool {
-        match (&self.core, &self.signal) {
-            (Some(core), _) => core.signal.is_cancelled(),
-            (None, Some(signal)) => signal.is_cancelled(),
-            (None, None) => false,
-        }
+        self.signal().is_some_and(Signal::is_cancelled)
     }
 
     /// Answers `DeadlineExceeded` if the call's deadline passed before its
@@ -853,74 +832,79 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut this = self.project();
-        let Some(running) = this.future.as_mut().as_pin_mut() else {
+        if this.future.is_none() {
             return Poll::Ready(()); // polled again after it finished
-        };
-        // A cancelled call's handler is not polled again: its future is
-        // dropped (as tonic drops it), and nothing is answered; unless it
-        // watches for cancellation itself.
-        if this.call.as_ref().is_some_and(ServerCall::drops_on_cancel) {
-            drop_caught(|| this.future.set(None));
-            this.call.take();
-            return Poll::Ready(());
         }
-        let Poll::Ready(outcome) = poll_caught(running, cx) else {
-            if let Some(call) = this.call.as_mut() {
+        let signal = this.call.as_ref().and_then(ServerCall::signal);
+        match poll_handler(this.future.as_mut(), signal, cx) {
+            Poll::Pending => {
                 // A unary handler that has to wait can hear of a cancel
-                // from then on (a stream's call is registered already),
-                // and a cancel wakes its task to drop it (a handler that
-                // watches for it is woken by its own watching).
-                call.register_unary();
-                if !call.watched() && call.poll_cancelled(cx).is_ready() {
-                    cx.waker().wake_by_ref();
+                // from then on (a stream's call is registered already).
+                if let Some(call) = this.call.as_mut() {
+                    call.register_unary();
                 }
+                Poll::Pending
             }
-            return Poll::Pending;
-        };
-        this.future.set(None);
-        if let Some(call) = this.call.take() {
-            match outcome {
-                Ok(result) => call.reply(result),
-                Err(panic) => call.reply_panic(&*panic),
+            // Cancelled: nothing is answered.
+            Poll::Ready(None) => {
+                this.call.take();
+                Poll::Ready(())
+            }
+            Poll::Ready(Some(outcome)) => {
+                if let Some(call) = this.call.take() {
+                    match outcome {
+                        Ok(result) => call.reply(result),
+                        Err(panic) => call.reply_panic(&*panic),
+                    }
+                }
+                Poll::Ready(())
             }
         }
-        Poll::Ready(())
     }
 }
 
-/// Polls a handler's future to its output, catching a panic (so that the
-/// call is still ours to answer with the panic's message); `None` once the
-/// call is cancelled (`signal`): the future is then dropped unfinished, as
-/// tonic drops it, unless the handler watches for cancellation itself.
+/// What a handler panicked with.
+type Panic = Box<dyn std::any::Any + Send>;
+
+/// Polls a handler's future to its output (see [`poll_handler`]).
 async fn run_handler<T, Fut: Future<Output = T>>(
     future: Fut,
     signal: Option<Arc<Signal>>,
-) -> Option<Result<T, Box<dyn std::any::Any + Send>>> {
+) -> Option<Result<T, Panic>> {
     let mut future = std::pin::pin!(Some(future));
-    std::future::poll_fn(|cx| {
-        let cancelled = |cx: &mut Context<'_>| {
-            signal
-                .as_ref()
-                .is_some_and(|s| !s.is_watched() && s.poll_cancelled(cx).is_ready())
-        };
-        if cancelled(cx) {
-            drop_caught(|| future.set(None));
-            return Poll::Ready(None);
+    std::future::poll_fn(|cx| poll_handler(future.as_mut(), signal.as_deref(), cx)).await
+}
+
+/// Polls the handler's future in `slot` once, catching a panic (so that
+/// the call is still ours to answer with the panic's message): its output
+/// once it finished; `None` once its call is cancelled (`signal`), unless
+/// the handler watches for that itself: the future is then dropped
+/// unfinished, as tonic drops it. While it waits, a cancel wakes the task
+/// to drop it. The slot is empty after `Ready`.
+fn poll_handler<Fut: Future>(
+    mut slot: Pin<&mut Option<Fut>>,
+    signal: Option<&Signal>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Fut::Output, Panic>>> {
+    let dropped = |mut slot: Pin<&mut Option<Fut>>| {
+        drop_caught(|| slot.set(None));
+        Poll::Ready(None)
+    };
+    if signal.is_some_and(Signal::drops_handler) {
+        return dropped(slot);
+    }
+    let Some(running) = slot.as_mut().as_pin_mut() else {
+        return Poll::Ready(None);
+    };
+    match poll_caught(running, cx) {
+        Poll::Ready(outcome) => {
+            slot.set(None);
+            Poll::Ready(Some(outcome))
         }
-        let Some(running) = future.as_mut().as_pin_mut() else {
-            return Poll::Ready(None);
-        };
-        match poll_caught(running, cx) {
-            Poll::Ready(outcome) => Poll::Ready(Some(outcome)),
-            // A cancel that came while it ran: drop it now.
-            Poll::Pending if cancelled(cx) => {
-                drop_caught(|| future.set(None));
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    })
-    .await
+        // A cancel that came while it ran: drop it now.
+        Poll::Pending if signal.is_some_and(|s| s.poll_drops_handler(cx)) => dropped(slot),
+        Poll::Pending => Poll::Pending,
+    }
 }
 
 /// Drops a handler's future (in `drop`), logging a panic in its drop
@@ -936,7 +920,7 @@ fn drop_caught(drop: impl FnOnce()) {
 fn poll_caught<Fut: Future>(
     future: Pin<&mut Fut>,
     cx: &mut Context<'_>,
-) -> Poll<Result<Fut::Output, Box<dyn std::any::Any + Send>>> {
+) -> Poll<Result<Fut::Output, Panic>> {
     match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
         Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
         Ok(Poll::Pending) => Poll::Pending,

@@ -223,6 +223,18 @@ impl Signal {
         self.told.load(Ordering::Acquire) || self.watchers.load(Ordering::Acquire) > 0
     }
 
+    /// Whether the call is cancelled and its handler, not watching for
+    /// that itself, is to be dropped.
+    pub(crate) fn drops_handler(&self) -> bool {
+        self.is_cancelled() && !self.is_watched()
+    }
+
+    /// [`Signal::drops_handler`]; until then, for a handler not watching
+    /// for the cancel itself, wakes the task with `cx` when it comes.
+    pub(crate) fn poll_drops_handler(&self, cx: &mut Context<'_>) -> bool {
+        !self.is_watched() && self.poll_cancelled(cx).is_ready()
+    }
+
     /// Makes a signal nobody else holds new again, for reuse.
     pub(crate) fn reset(&mut self) {
         *self.cancelled.get_mut() = false;
