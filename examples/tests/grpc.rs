@@ -711,3 +711,74 @@ fn a_grpc_call_cancelled_by_its_caller_is_dropped_all_the_way() {
         bounded("shutdown", move || server.shutdown());
     });
 }
+
+/// A response stream's initial metadata crosses the gRPC face and the
+/// `grpc://` gateway as HTTP/2 headers as soon as the handler returned its
+/// stream, before any message: a tonic client's awaited call returns, and
+/// our client's `initial_metadata` too, while the stream holds its first
+/// message back.
+#[test]
+fn a_streams_headers_cross_the_face_and_the_gateway_before_its_messages() {
+    watchdog(|| {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).grpc("127.0.0.1:0"), TCP_ANY);
+        let addr = server.grpc_addr().unwrap();
+        let stream_request = |session: &str, hold: &str| {
+            let mut request =
+                rpc_core::Request::new(examples::echo::StreamRequest { count: 2, size: 8 });
+            request.metadata_mut().insert("session", session).unwrap();
+            request.metadata_mut().insert("hold", hold).unwrap();
+            request
+        };
+
+        // tonic's client, on the face.
+        let rt = runtime();
+        let mut tonic_stream = rt.block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.unwrap();
+            let mut request =
+                tonic::Request::new(examples::echo::StreamRequest { count: 2, size: 8 });
+            request
+                .metadata_mut()
+                .insert("session", "face".parse().unwrap());
+            request
+                .metadata_mut()
+                .insert("hold", "face".parse().unwrap());
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static("/echo.Echo/Stream");
+            let codec = tonic_prost::ProstCodec::<
+                examples::echo::StreamRequest,
+                examples::echo::EchoReply,
+            >::default();
+            let response = grpc.server_streaming(request, path, codec).await.unwrap();
+            assert_eq!(response.metadata().get("session").unwrap(), "face");
+            response.into_inner()
+        });
+
+        // Our client, through the gateway.
+        let echo =
+            examples::echo::echo_client::EchoClient::connect(&format!("grpc://{addr}")).unwrap();
+        let mut ours = echo.stream(stream_request("gateway", "gateway"));
+        let headers = ours.blocking_initial_metadata().unwrap();
+        assert_eq!(headers.get("session"), Some("gateway"));
+
+        // Both streams go on once their first messages are let go.
+        probe.open_gate("face");
+        probe.open_gate("gateway");
+        let n = rt.block_on(async {
+            let mut n = 0;
+            while let Some(reply) = tonic_stream.message().await.unwrap() {
+                assert_eq!(reply.payload.len(), 8);
+                n += 1;
+            }
+            n
+        });
+        assert_eq!(n, 2);
+        assert_eq!(ours.into_iter().map(Result::unwrap).count(), 2);
+        drop(server);
+    });
+}

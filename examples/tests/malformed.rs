@@ -510,6 +510,37 @@ on_soft_fabrics! {
 }
 
 on_soft_fabrics! {
+    fn a_frame_of_metadata_only_after_a_message_closes_the_connection(url: &str) {
+        const RECORD_ROUTE: u32 =
+            rpc_core::codegen::method_id("/routeguide.RouteGuide/RecordRoute");
+        let point = examples::routeguide::Point { latitude: 1, longitude: 2 }.encode_to_vec();
+        assert_closes(url, |raw| {
+            let call_id = raw.call_id();
+            raw.send_at_head(&request_frame(RECORD_ROUTE, call_id, &[], &[]), None);
+            raw.send_at_head(&call_frame(FrameKind::Message, call_id, 1, &point), None);
+            raw.send_at_head(&call_frame(FrameKind::Message, call_id, 0, &[]), None);
+        });
+        // As a stream's first frame it is well-formed: the stream and the
+        // connection go on.
+        let (server, good, mut raw) = setup(url);
+        let call_id = raw.call_id();
+        raw.send_at_head(&request_frame(RECORD_ROUTE, call_id, &[], &[]), None);
+        raw.send_at_head(&call_frame(FrameKind::Message, call_id, 0, &[]), None);
+        raw.send_at_head(&call_frame(FrameKind::Message, call_id, 1, &point), None);
+        raw.send_at_head(&call_frame(FrameKind::HalfClose, call_id, 0, &[]), None);
+        let summary = raw.receive();
+        assert_eq!(summary.header.kind, FrameKind::Response, "{summary:?}");
+        assert_eq!(summary.header.call_id, call_id);
+        let summary = examples::routeguide::RouteSummary::decode(&summary.payload[..]).unwrap();
+        assert_eq!(summary.point_count, 1);
+        raw.echo(b"still here");
+        check(&good);
+        drop(raw);
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
+on_soft_fabrics! {
     fn a_window_grant_beyond_what_was_sent_closes_the_connection(url: &str) {
         assert_closes(url, |raw| {
             let call_id = open_watch(raw);

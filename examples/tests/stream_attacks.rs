@@ -236,30 +236,37 @@ impl RouteGuide for Adversary {
             std::future::pending::<()>().await;
         }
         let size = md(&request, "size").map_or(10, |v| v.parse().unwrap());
+        let mut metadata = rpc_core::Metadata::new();
+        if let Some(session) = md(&request, "session") {
+            metadata.insert("session", session).unwrap();
+        }
         let incoming = request.into_inner();
         let silent = mode == "silent";
         let incoming = if mode == "echo" { Some(incoming) } else { None };
-        Ok(Response::new(Box::pin(
-            (Evil {
-                _g: Guard::stream(&self.live),
-                live: self.live.clone(),
-                n: 0,
-                after: if silent { 0 } else { usize::MAX },
-                then: if silent {
-                    "pending".into()
-                } else {
-                    String::new()
-                },
-                size,
-                incoming,
-            })
-            .map(|r| {
-                r.map(|f| RouteNote {
-                    location: f.location,
-                    message: f.name,
+        Ok(Response::from_parts(
+            metadata,
+            Box::pin(
+                (Evil {
+                    _g: Guard::stream(&self.live),
+                    live: self.live.clone(),
+                    n: 0,
+                    after: if silent { 0 } else { usize::MAX },
+                    then: if silent {
+                        "pending".into()
+                    } else {
+                        String::new()
+                    },
+                    size,
+                    incoming,
                 })
-            }),
-        )))
+                .map(|r| {
+                    r.map(|f| RouteNote {
+                        location: f.location,
+                        message: f.name,
+                    })
+                }),
+            ),
+        ))
     }
 }
 
@@ -1025,5 +1032,38 @@ on_soft_fabrics! {
         assert_eq!(echoed.unwrap().expect("an echo").message, "after");
         let tx = bounded("the sender", move || sender.join().unwrap());
         drop(tx.unwrap());
+    }
+}
+
+on_soft_fabrics! {
+    /// A bidirectional stream's initial metadata arrives as soon as its
+    /// handler returned, before either side sent a message; a frame of
+    /// metadata only is no message, so the stream then goes on as usual.
+    fn a_bidi_streams_metadata_arrives_before_any_message(url: &str) {
+        let (server, live, u) = start(url);
+        let client = client_for(&u, Some(LIMIT));
+        let mut r = Request::new(());
+        r.metadata_mut().insert("session", "chat-1").unwrap();
+        let (mut tx, mut rx) = client.route_chat_sender(r);
+        let headers = rx.blocking_initial_metadata().unwrap();
+        assert_eq!(headers.get("session"), Some("chat-1"));
+        assert_eq!(live.produced.load(Ordering::SeqCst), 0, "no message yet");
+        for i in 0..3 {
+            tx.send(RouteNote { location: None, message: format!("note {i}") }).unwrap();
+            assert_eq!(rx.blocking_message().unwrap().unwrap().message, format!("note {i}"));
+        }
+        tx.close().unwrap();
+        assert!(rx.blocking_message().unwrap().is_none());
+        assert_eq!(rx.metadata().unwrap().get("session"), Some("chat-1"));
+
+        // A silent stream dropped after its metadata: cancelled, its
+        // response stream dropped on the server.
+        let mut r = Request::new(());
+        r.metadata_mut().insert("mode", "silent").unwrap();
+        let (_tx, mut rx) = client.route_chat_sender(r);
+        assert!(rx.blocking_initial_metadata().unwrap().is_empty());
+        drop(rx);
+        eventually("the silent stream dropped", || live.streams.load(Ordering::SeqCst) == 0);
+        bounded("shutdown", move || server.shutdown());
     }
 }

@@ -83,6 +83,65 @@ fn check_echo(echo: &EchoClient, payload: Vec<u8>, metadata: &[(&str, &[u8])]) {
     assert_eq!(response.into_inner().payload, payload);
 }
 
+/// A `Stream` call of `count` replies of `size` bytes, with `metadata`.
+fn stream_request(count: u64, size: u32, metadata: &[(&str, &str)]) -> Request<StreamRequest> {
+    let mut request = Request::new(StreamRequest { count, size });
+    for (k, v) in metadata {
+        request.metadata_mut().insert(k, *v).unwrap();
+    }
+    request
+}
+
+on_every_fabric! {
+    /// A response stream's initial metadata arrives once its handler
+    /// returned, before the first message if the stream has none ready
+    /// (as gRPC sends headers); with it if it has; a call that fails first
+    /// gives its status.
+    fn initial_metadata_arrives_before_the_first_message(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let echo = EchoClient::new(channel(server.local_url()));
+
+        let held = [("session", "s1"), ("hold", "held"), ("trailer", "t1")];
+        let mut stream = echo.stream(stream_request(3, 8, &held));
+        let headers = stream.blocking_initial_metadata().unwrap();
+        assert_eq!(headers.get("session"), Some("s1"));
+        assert_eq!(stream.metadata().unwrap().get("session"), Some("s1"));
+        let again = futures::executor::block_on(stream.initial_metadata()).unwrap();
+        assert_eq!(again.get("session"), Some("s1"));
+        assert_eq!(stream.trailers(), None, "the stream runs on");
+        probe.open_gate("held");
+        let replies: Vec<Bytes> = (&mut stream).into_iter().map(|r| r.unwrap().payload).collect();
+        assert_eq!(replies.len(), 3);
+        for (i, p) in replies.iter().enumerate() {
+            assert!(StreamPayloads::matches(p, 8, i as u64), "reply {i}");
+        }
+        assert_eq!(stream.trailers().unwrap().get("x-trailer"), Some("t1"));
+
+        // A stream with messages ready at once: its metadata comes with
+        // the first of them.
+        let mut ready = echo.stream(stream_request(2, 8, &[("session", "s2")]));
+        let headers = futures::executor::block_on(ready.initial_metadata()).unwrap();
+        assert_eq!(headers.get("session"), Some("s2"));
+        assert_eq!(ready.into_iter().map(Result::unwrap).count(), 2);
+
+        // A call that fails before any frame: its status, then the stream's.
+        let mut refused = echo.stream(stream_request(1, MAX_STREAM_REPLY + 1, &[]));
+        let status = refused.blocking_initial_metadata().unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        let status = refused.into_iter().next().unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+        // A held stream dropped after its metadata: the connection goes on.
+        let mut dropped = echo.stream(stream_request(1, 8, &[("hold", "never")]));
+        assert!(dropped.blocking_initial_metadata().unwrap().is_empty());
+        drop(dropped);
+        check_echo(&echo, b"after".to_vec(), &[]);
+        probe.open_gate("never");
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
 on_every_fabric! {
     fn echo_and_kv_are_correct(url: &str) {
         let server = serve(

@@ -608,11 +608,9 @@ async fn answer(
     Ok(out)
 }
 
-/// A response stream as tonic sends it: the message already read to learn
-/// the initial metadata, then the rest; at its clean end, its trailing
+/// A response stream as tonic sends it; at its clean end, its trailing
 /// metadata is left in `trailers`.
 struct Outgoing {
-    first: Option<Bytes>,
     rest: Streaming<RawMessage>,
     trailers: crate::Trailers,
 }
@@ -621,9 +619,6 @@ impl Stream for Outgoing {
     type Item = Result<Bytes, tonic::Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(first) = self.first.take() {
-            return Poll::Ready(Some(Ok(first)));
-        }
         let next = self.rest.poll_raw(cx);
         if let Poll::Ready(None) = next {
             if let Some(trailers) = self.rest.trailers() {
@@ -791,40 +786,23 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
 }
 
 /// A response stream, once its start is known: gRPC sends the initial
-/// metadata before the first message, so this waits for that message (or
-/// the end) to learn it; a stream that fails before any message is a
+/// metadata before the first message, so this waits for it (the handler
+/// sends it once it returned its stream); a stream that fails before is a
 /// status.
 async fn started(
     mut stream: Streaming<RawMessage>,
     trailers: crate::Trailers,
 ) -> Result<tonic::Response<Outgoing>, tonic::Status> {
-    let first = std::future::poll_fn(|cx| stream.poll_raw(cx))
+    let metadata = std::future::poll_fn(|cx| stream.poll_initial_metadata(cx))
         .await
-        .transpose()
         .map_err(to_grpc)?;
-    let metadata = stream.metadata().unwrap_or_default();
     let mut response = tonic::Response::new(Outgoing {
-        first,
         rest: stream,
         trailers,
     });
     *response.metadata_mut() = metadata_to_grpc(&metadata);
     Ok(response)
 }
-
-/// gRPC's own headers (besides those that start with `grpc-`, which
-/// gRPC reserves): not metadata of the call.
-const RESERVED: [&str; 9] = [
-    "te",
-    "content-type",
-    "user-agent",
-    "grpc-timeout",
-    "grpc-encoding",
-    "grpc-accept-encoding",
-    "grpc-message-type",
-    "host",
-    "accept-encoding",
-];
 
 /// A gRPC request's metadata as ours; keys ours refuses are left out.
 fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {
@@ -833,7 +811,7 @@ fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {
     for entry in map.iter() {
         let _ = match entry {
             KeyAndValueRef::Ascii(key, value) => {
-                if RESERVED.contains(&key.as_str()) || key.as_str().starts_with("grpc-") {
+                if crate::metadata::is_reserved(key.as_str()) {
                     continue;
                 }
                 match value.to_str() {
@@ -841,7 +819,9 @@ fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {
                     Err(_) => continue,
                 }
             }
-            KeyAndValueRef::Binary(key, _) if key.as_str().starts_with("grpc-") => continue,
+            KeyAndValueRef::Binary(key, _) if crate::metadata::is_reserved(key.as_str()) => {
+                continue;
+            }
             KeyAndValueRef::Binary(key, value) => match value.to_bytes() {
                 Ok(v) => ours.insert_bin(key.as_str(), v.to_vec()),
                 Err(_) => continue,
@@ -851,13 +831,19 @@ fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {
     ours
 }
 
-/// Our metadata as gRPC's: `-bin` keys binary, the rest text. A binary
+/// Our metadata as gRPC's: `-bin` keys binary, the rest text, gRPC's own
+/// keys left out. A binary
 /// value under a text key (set with `insert_bin`) that HTTP/2 cannot carry
 /// is left out, with a warning: gRPC has no way to send it under that key.
 fn metadata_to_grpc(metadata: &Metadata) -> tonic::metadata::MetadataMap {
     use tonic::metadata::{BinaryMetadataKey, MetadataKey, MetadataValue};
     let mut map = tonic::metadata::MetadataMap::new();
     for (key, value) in metadata.iter() {
+        // gRPC's own keys, which only a peer can have put here (ours
+        // refuses them): they would break the HTTP/2 message.
+        if crate::metadata::is_reserved(key) {
+            continue;
+        }
         if key.ends_with("-bin") {
             if let Ok(k) = BinaryMetadataKey::from_bytes(key.as_bytes()) {
                 map.insert_bin(k, MetadataValue::from_bytes(value));

@@ -9,14 +9,46 @@ pub const MAX_KEY_LEN: usize = 255;
 /// Largest encoded metadata block of one frame, in bytes (the header field is 16 bits).
 pub const MAX_ENCODED_LEN: usize = u16::MAX as usize;
 
+/// Keys gRPC and HTTP/2 keep for themselves, besides those that start
+/// with `grpc-`: the transport sets them (or, for the connection-specific
+/// ones, HTTP/2 forbids them), so they are not a call's metadata.
+pub(crate) const RESERVED_KEYS: [&str; 11] = [
+    "te",
+    "content-type",
+    "user-agent",
+    "host",
+    "accept-encoding",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Whether `key` (lowercase) is gRPC's own: it starts with `grpc-` or is
+/// one of [`RESERVED_KEYS`].
+pub(crate) fn is_reserved(key: &str) -> bool {
+    key.starts_with("grpc-") || RESERVED_KEYS.contains(&key)
+}
+
 /// Why an entry could not be inserted: its key, or a text value, is not
 /// one metadata can carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidMetadata {
     key: String,
-    /// The offending byte of a text value and where it is; `None` when the
-    /// key is at fault.
-    value_byte: Option<(usize, u8)>,
+    fault: Fault,
+}
+
+/// What is wrong with a refused entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The key's length or characters.
+    Key,
+    /// The key is gRPC's own ([`is_reserved`]).
+    Reserved,
+    /// This byte of a text value, at this offset.
+    ValueByte(usize, u8),
 }
 
 impl InvalidMetadata {
@@ -28,13 +60,20 @@ impl InvalidMetadata {
 
 impl fmt::Display for InvalidMetadata {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.value_byte {
-            None => write!(
+        match self.fault {
+            Fault::Key => write!(
                 f,
                 "invalid metadata key {:?}: keys are 1..=255 bytes of a-z, 0-9, '-', '_' or '.'",
                 self.key
             ),
-            Some((at, byte)) => write!(
+            Fault::Reserved => write!(
+                f,
+                "metadata key {:?} is reserved: gRPC and HTTP/2 set it themselves (keys that \
+                 start with \"grpc-\", and {}); use a key of your own",
+                self.key,
+                RESERVED_KEYS.join(", ")
+            ),
+            Fault::ValueByte(at, byte) => write!(
                 f,
                 "invalid text value for metadata key {:?}: byte {at} is {byte:#04x}; text \
                  values are printable ASCII (0x20..=0x7e) and tabs, as in a gRPC header; send other \
@@ -108,7 +147,7 @@ impl Metadata {
         if let Some(bad) = invalid_text(&value) {
             return Err(InvalidMetadata {
                 key: key.to_ascii_lowercase(),
-                value_byte: Some(bad),
+                fault: Fault::ValueByte(bad.0, bad.1),
             });
         }
         self.insert_bin(key, value.into_bytes())
@@ -120,24 +159,47 @@ impl Metadata {
     /// only under keys that end in `-bin`: over a server's gRPC face, a
     /// value under another key must be text as [`Metadata::insert`] takes
     /// it, or it is left out (with a warning in the log).
+    ///
+    /// Keys are 1 to 255 bytes of `a-z`, `0-9`, `-`, `_` and `.`
+    /// (uppercase letters are lowercased). Keys gRPC keeps for itself are
+    /// refused, as they would not reach a gRPC peer as metadata: those
+    /// that start with `grpc-`, and HTTP/2's and gRPC's own headers such
+    /// as `te`, `content-type` and `user-agent`. (A deadline is the
+    /// request's timeout, a status's details are
+    /// [`Status::with_details`](crate::Status::with_details).)
+    ///
+    /// ```
+    /// let mut md = rpc_core::Metadata::new();
+    /// assert!(md.insert("grpc-timeout", "1S").is_err());
+    /// assert!(md.insert("content-type", "text/plain").is_err());
+    /// md.insert("x-content-type", "text/plain").unwrap();
+    /// ```
     pub fn insert_bin(
         &mut self,
         key: &str,
         value: impl Into<Vec<u8>>,
     ) -> Result<(), InvalidMetadata> {
         let key = key.to_ascii_lowercase();
-        if !valid_key(&key) {
-            return Err(InvalidMetadata {
-                key,
-                value_byte: None,
-            });
+        let fault = if !valid_key(&key) {
+            Some(Fault::Key)
+        } else if is_reserved(&key) {
+            Some(Fault::Reserved)
+        } else {
+            None
+        };
+        if let Some(fault) = fault {
+            return Err(InvalidMetadata { key, fault });
         }
-        let value = value.into();
+        self.set(key, value.into());
+        Ok(())
+    }
+
+    /// Sets `key` (valid and lowercase, reserved or not) to `value`.
+    pub(crate) fn set(&mut self, key: String, value: Vec<u8>) {
         match self.entries.iter_mut().find(|(k, _)| *k == key) {
             Some(entry) => entry.1 = value,
             None => self.entries.push((key, value)),
         }
-        Ok(())
     }
 
     /// The value of `key` as text, if present and valid UTF-8.
@@ -246,6 +308,30 @@ mod tests {
         let e = md.insert("bad key", "a").unwrap_err();
         assert_eq!(e.key(), "bad key");
         assert!(e.to_string().contains("invalid metadata key"), "{e}");
+        // gRPC's own keys, in any case, are refused; keys like them are not.
+        for reserved in [
+            "grpc-timeout",
+            "GRPC-Status",
+            "grpc-x-bin",
+            "te",
+            "Content-Type",
+        ] {
+            let e = md.insert(reserved, "a").unwrap_err();
+            assert_eq!(e.key(), reserved.to_ascii_lowercase());
+            assert!(e.to_string().contains("is reserved"), "{e}");
+            assert!(md.insert_bin(reserved, [1u8]).is_err());
+        }
+        let mut ours = Metadata::new();
+        for key in [
+            "grpcx",
+            "my-grpc-timeout",
+            "tenant",
+            "x-content-type",
+            "ten",
+        ] {
+            ours.insert(key, "a").unwrap();
+        }
+        assert_eq!(ours.len(), 5);
         md.insert("x-tenant", "b").unwrap();
         assert_eq!(md.len(), 1);
         assert_eq!(md.get("x-tenant"), Some("b"));

@@ -327,6 +327,23 @@ impl<T> Response<T> {
             trailers: None,
         }
     }
+
+    /// Maps the message, keeping the metadata and the trailers: wraps a
+    /// response stream, say.
+    ///
+    /// ```
+    /// use rpc_core::{BoxStream, Response};
+    /// let response = Response::new(futures::stream::iter([Ok(1), Ok(2)]));
+    /// let boxed: Response<BoxStream<i32>> = response.map(|s| Box::pin(s) as BoxStream<i32>);
+    /// # drop(boxed);
+    /// ```
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Response<U> {
+        Response {
+            message: f(self.message),
+            metadata: self.metadata,
+            trailers: self.trailers,
+        }
+    }
 }
 
 /// Trailing metadata of a response, set by a handler while its call runs

@@ -192,9 +192,7 @@ impl Status {
             return Some(std::borrow::Cow::Borrowed(&extra.metadata));
         }
         let mut metadata = extra.metadata.clone();
-        metadata
-            .insert_bin(DETAILS_KEY, extra.details.to_vec())
-            .expect("the details key is a valid key");
+        metadata.set(DETAILS_KEY.to_owned(), extra.details.to_vec());
         Some(std::borrow::Cow::Owned(metadata))
     }
 

@@ -350,7 +350,7 @@ impl StreamCore {
         Records::check(&payload, count)?;
         let waker = {
             let mut st = self.state();
-            st.inbound.on_message()?;
+            st.inbound.on_message(count)?;
             st.recv.on_message(body_len)?;
             if st.headers.is_none() {
                 st.headers = Some(metadata);
@@ -528,6 +528,23 @@ impl StreamCore {
         let st = self.state();
         (st.headers.clone(), st.trailers.clone())
     }
+
+    /// The peer's initial metadata once it arrived (with its first frame,
+    /// or with a clean end); the call's status if it failed before any
+    /// frame came (a failed call's metadata is its status's).
+    fn poll_headers(&self, cx: &mut Context<'_>) -> Poll<Result<Metadata, Status>> {
+        let mut st = self.state();
+        match (&st.end, &st.headers) {
+            (Some(Err(status)), _) if !st.inbound.is_started() => Poll::Ready(Err(status.clone())),
+            (_, Some(headers)) => Poll::Ready(Ok(headers.clone())),
+            (Some(Ok(())), None) => Poll::Ready(Ok(Metadata::default())),
+            (Some(Err(status)), None) => Poll::Ready(Err(status.clone())),
+            (None, None) => {
+                st.reader = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
 }
 
 /// A frame in a stream's inbox: `count` messages ([`Records`]) and what
@@ -690,6 +707,17 @@ impl Outbox {
         }
         self.batch = batch;
         sent
+    }
+
+    /// Sends the first metadata alone, in a `Message` frame with no
+    /// messages, if no frame carried it yet and nothing waits to carry it:
+    /// so that the peer learns it while the stream has nothing to send
+    /// yet, as gRPC sends a response's headers before its first message.
+    fn poll_send_headers(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        if self.first_metadata.is_none() || self.count > 0 || self.lent.is_some() {
+            return Poll::Ready(Ok(()));
+        }
+        self.poll_frame(cx, 0, 0, &mut |_| {})
     }
 
     /// Sends `message` alone once the window allows it (after what was
@@ -872,9 +900,14 @@ impl<M: prost::Message> Producer<M> {
                         break;
                     }
                     Poll::Pending => {
-                        // Nothing more for now: what was gathered goes, and
-                        // a cancel must still wake us.
-                        return match outbox.poll_send_batch(cx) {
+                        // Nothing more for now: what was gathered goes (or
+                        // the initial metadata, if nothing carried it yet),
+                        // and a cancel must still wake us.
+                        let sent = match outbox.poll_send_batch(cx) {
+                            Poll::Ready(Ok(())) => outbox.poll_send_headers(cx),
+                            other => other,
+                        };
+                        return match sent {
                             Poll::Ready(Err(status)) => Poll::Ready(stopped(status, outbox)),
                             _ if outbox.core.watch_over(cx) => Poll::Ready(StreamEnd::Over),
                             _ => Poll::Pending,
@@ -1240,10 +1273,88 @@ impl<T> Streaming<T> {
         )
     }
 
-    /// The server's initial metadata, once its first message (or its
-    /// final status) arrived.
+    /// The server's initial metadata, once it arrived: before the first
+    /// message, or with it, or with the final status (see
+    /// [`Streaming::initial_metadata`] to wait for it).
     pub fn metadata(&self) -> Option<Metadata> {
         self.core.metadata().0
+    }
+
+    /// Waits for the server's initial metadata (the metadata of the
+    /// handler's `Response`), without taking a message: it arrives once the
+    /// handler has returned its response stream, before the stream's
+    /// first message, as a gRPC response's headers do (tonic's awaited
+    /// `Response`). If the call fails first, its status, which the stream
+    /// then yields too. On a server, the client's request stream has no
+    /// metadata of its own (the call's is the `Request`'s): this is empty.
+    ///
+    /// ```no_run
+    /// # async fn f(mut features: rpc_core::Streaming<u64>) -> Result<(), rpc_core::Status> {
+    /// let headers = features.initial_metadata().await?;
+    /// println!("session {:?}", headers.get("session"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn initial_metadata(&mut self) -> Result<Metadata, Status> {
+        std::future::poll_fn(|cx| self.poll_initial_metadata(cx)).await
+    }
+
+    /// Like [`Streaming::initial_metadata`], blocking the current thread
+    /// (not for async handlers: see
+    /// [`UnaryCall::wait`](crate::UnaryCall::wait)).
+    pub fn blocking_initial_metadata(&mut self) -> Result<Metadata, Status> {
+        if let Some(headers) = self.metadata() {
+            return Ok(headers);
+        }
+        crate::dispatch::warn_if_on_a_dispatcher("Streaming::blocking_initial_metadata");
+        crate::executor::wait_on(self.initial_metadata())
+    }
+
+    /// Polls for the server's initial metadata ([`Streaming::initial_metadata`]),
+    /// driving the request pump meanwhile.
+    pub(crate) fn poll_initial_metadata(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Metadata, Status>> {
+        if self.poll_opened(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.poll_pump(cx);
+        let mut polled_queue = false;
+        loop {
+            match self.core.poll_headers(cx) {
+                Poll::Ready(headers) => return Poll::Ready(headers),
+                Poll::Pending if self.progress_once(&mut polled_queue) => {}
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Drives the request stream of a bidirectional call, if it still runs.
+    fn poll_pump(&mut self, cx: &mut Context<'_>) {
+        if let Some(pump) = &mut self.pump {
+            if pump.poll_pump(cx).is_ready() {
+                self.pump = None;
+            }
+        }
+    }
+
+    /// Nothing came for this stream: handles completions on this thread
+    /// once if nobody else is (saves a wake-up from the dispatcher); true
+    /// if it did, and the caller should look again. Otherwise makes sure
+    /// the dispatcher thread, which naps while callers poll, delivers what
+    /// comes next.
+    fn progress_once(&self, polled_queue: &mut bool) -> bool {
+        let Some(owner) = &self.owner else {
+            return false;
+        };
+        if !*polled_queue && owner.progress() {
+            *polled_queue = true;
+            return true;
+        }
+        if *polled_queue {
+            owner.ensure_polled();
+        }
+        false
     }
 
     /// The server's trailing metadata, once the stream ended.
@@ -1276,11 +1387,7 @@ impl<T> Streaming<T> {
         if self.finished {
             return Poll::Ready(None);
         }
-        if let Some(pump) = &mut self.pump {
-            if pump.poll_pump(cx).is_ready() {
-                self.pump = None;
-            }
-        }
+        self.poll_pump(cx);
         let mut polled_queue = false;
         loop {
             match self.core.poll_recv(cx) {
@@ -1306,23 +1413,8 @@ impl<T> Streaming<T> {
                     self.finish();
                     return Poll::Ready(None);
                 }
-                Poll::Pending => {
-                    let Some(owner) = &self.owner else {
-                        return Poll::Pending;
-                    };
-                    // Nothing yet: handle completions on this thread once if
-                    // nobody else is (saves a wake-up from the dispatcher).
-                    if !polled_queue && owner.progress() {
-                        polled_queue = true;
-                        continue;
-                    }
-                    // Still nothing: the dispatcher thread, which naps
-                    // while callers poll, must deliver the next message.
-                    if polled_queue {
-                        owner.ensure_polled();
-                    }
-                    return Poll::Pending;
-                }
+                Poll::Pending if self.progress_once(&mut polled_queue) => {}
+                Poll::Pending => return Poll::Pending,
             }
         }
     }

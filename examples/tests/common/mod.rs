@@ -274,6 +274,16 @@ impl Probe {
         self.gates.open(name);
     }
 
+    /// Whether gate `name` opened within [`LIMIT`], awaited without
+    /// blocking the task's thread (a thread waits for it).
+    pub async fn gate_opened(self: Arc<Probe>, name: String) -> bool {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(self.gates.wait(&name));
+        });
+        rx.await.unwrap_or(false)
+    }
+
     /// A snapshot of what was seen so far.
     pub fn seen(&self) -> MutexGuard<'_, Seen> {
         self.seen.lock().unwrap()
@@ -339,7 +349,9 @@ impl Probe {
 ///   `select!` against it does;
 ///
 /// `Stream` calls with `trailer` send its value as the trailing metadata
-/// `x-trailer` at the stream's end.
+/// `x-trailer` at the stream's end, with `session` its value as the
+/// initial metadata `session`, and with `hold` send no message until the
+/// gate it names opens.
 /// Without any of these it echoes payload and metadata, like
 /// [`examples::services::EchoService`].
 #[derive(Debug, Clone)]
@@ -351,6 +363,9 @@ impl Echo for TestEcho {
     async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         let md = request.metadata();
         let tag = md.get("tag").unwrap_or_default().to_owned();
+        // Asked before the handler is seen to start: a test that cancels
+        // the call once it has cannot cancel it before this.
+        let cancelled_at_start = md.get("await-forever") == Some("check") && request.is_cancelled();
         self.probe.update(|s| s.entered.push(tag.clone()));
         if let Some(gate) = md.get("block") {
             if !self.probe.gates.wait(gate) {
@@ -382,7 +397,7 @@ impl Echo for TestEcho {
         }
         if let Some(first) = md.get("await-forever") {
             match first {
-                "check" => assert!(!request.is_cancelled()),
+                "check" => assert!(!cancelled_at_start),
                 "race" => drop(request.cancelled()),
                 _ => {}
             }
@@ -439,23 +454,40 @@ impl Echo for TestEcho {
         Ok(Response::from_parts(metadata, EchoReply { payload }))
     }
 
-    type StreamStream = examples::services::Replies;
+    type StreamStream = rpc_core::BoxStream<EchoReply>;
 
     /// Streams like [`examples::services::EchoService`].
     async fn stream(
         &self,
         request: Request<examples::echo::StreamRequest>,
     ) -> Result<Response<Self::StreamStream>, Status> {
-        let trailer = request.metadata().get("trailer").map(str::to_owned);
-        let response = examples::services::EchoService.stream(request).await?;
-        Ok(match trailer {
-            Some(value) => {
-                let trailers = rpc_core::Trailers::new();
-                trailers.insert("x-trailer", value).unwrap();
-                response.with_trailers(trailers)
-            }
-            None => response,
-        })
+        use futures::StreamExt;
+        let md = request.metadata();
+        let trailer = md.get("trailer").map(str::to_owned);
+        let session = md.get("session").map(str::to_owned);
+        let hold = md.get("hold").map(str::to_owned);
+        let mut response = examples::services::EchoService.stream(request).await?;
+        if let Some(value) = session {
+            response.metadata_mut().insert("session", value).unwrap();
+        }
+        if let Some(value) = trailer {
+            let trailers = rpc_core::Trailers::new();
+            trailers.insert("x-trailer", value).unwrap();
+            response = response.with_trailers(trailers);
+        }
+        let probe = self.probe.clone();
+        Ok(response.map(|replies| match hold {
+            None => replies.boxed(),
+            Some(gate) => futures::stream::once(probe.gate_opened(gate.clone()))
+                .flat_map(move |open| match open {
+                    true => replies.clone().left_stream(),
+                    false => futures::stream::iter([Err(Status::aborted(format!(
+                        "gate {gate:?} never opened"
+                    )))])
+                    .right_stream(),
+                })
+                .boxed(),
+        }))
     }
 }
 

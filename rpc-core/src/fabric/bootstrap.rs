@@ -24,10 +24,12 @@ use std::time::{Duration, Instant};
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
 pub(crate) const MAGIC: &[u8; 8] = b"RDMARPC\0";
+/// 8: a `Message` frame may carry no messages, only a stream's initial
+/// metadata (a peer of version 7 closes the connection on one).
 /// 7: a stream message costs at most half the window (up to 64 MiB), and
 /// one above that at most 2 GiB; a peer counting the old way would see its
 /// window overrun or never granted back.
-const HELLO_VERSION: u16 = 7;
+const HELLO_VERSION: u16 = 8;
 
 /// Which fabric a handshake sets up (both sides must agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

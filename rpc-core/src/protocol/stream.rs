@@ -47,6 +47,13 @@
 //! one window check and one queue operation per batch instead of per
 //! message; a producer that yields one message at a time sends each alone,
 //! at once. The window counts frames: a batch costs its footprint.
+//!
+//! **Headers.** A `Message` frame with no messages (a count of 0 and no
+//! payload) carries only metadata: a server whose response stream has
+//! nothing to send yet sends its initial metadata so, as gRPC sends
+//! headers before the first message. It may only be a direction's first
+//! frame ([`Inbound::on_message`]), and it costs its footprint like any
+//! other.
 
 use super::{HEADER_LEN, align_up};
 
@@ -118,6 +125,9 @@ pub enum StreamError {
         /// Messages the header announced.
         count: u32,
     },
+    /// A `Message` frame with no messages (metadata only) after the
+    /// direction's first frame.
+    HeadersNotFirst,
 }
 
 impl std::fmt::Display for StreamError {
@@ -140,6 +150,12 @@ impl std::fmt::Display for StreamError {
                 f,
                 "stream message frame does not hold the {count} messages its header announces"
             ),
+            StreamError::HeadersNotFirst => {
+                write!(
+                    f,
+                    "stream frame of metadata only after the stream's first frame"
+                )
+            }
         }
     }
 }
@@ -277,11 +293,16 @@ impl Records {
         }
     }
 
-    /// Whether `payload` holds exactly `count` messages.
+    /// Whether `payload` holds exactly `count` messages (none: a frame of
+    /// metadata only, with no payload).
     pub fn check(payload: &[u8], count: u32) -> Result<(), StreamError> {
         let mut records = Records::new(count);
         if count == 0 {
-            return Err(StreamError::BadBatch { count });
+            return if payload.is_empty() {
+                Ok(())
+            } else {
+                Err(StreamError::BadBatch { count })
+            };
         }
         while records.left > 0 {
             if records.next_range(payload).is_none() {
@@ -325,20 +346,26 @@ impl Records {
     }
 }
 
-/// Which side closed a stream direction, as the receiving end sees it.
+/// What a stream direction's receiving end has seen: whether a frame came,
+/// and whether the peer closed it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Inbound {
+    started: bool,
     closed: bool,
 }
 
 impl Inbound {
-    /// A message arrived on this direction.
-    pub fn on_message(&self) -> Result<(), StreamError> {
+    /// A `Message` frame of `count` messages arrived on this direction
+    /// (none: metadata only, which only the first frame may be).
+    pub fn on_message(&mut self, count: u32) -> Result<(), StreamError> {
         if self.closed {
-            Err(StreamError::MessageAfterClose)
-        } else {
-            Ok(())
+            return Err(StreamError::MessageAfterClose);
         }
+        if count == 0 && self.started {
+            return Err(StreamError::HeadersNotFirst);
+        }
+        self.started = true;
+        Ok(())
     }
 
     /// The peer closed this direction.
@@ -353,6 +380,11 @@ impl Inbound {
     /// Whether the peer closed this direction.
     pub fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Whether a `Message` frame came on this direction.
+    pub fn is_started(&self) -> bool {
+        self.started
     }
 }
 
@@ -462,6 +494,9 @@ mod tests {
                 Err(StreamError::BadBatch { count: bad })
             );
         }
+        // No messages: metadata only, with no payload.
+        assert_eq!(Records::check(&[], 0), Ok(()));
+        assert_eq!(walk(&[], 0), Vec::<Vec<u8>>::new());
         // A length past the end, a truncated prefix.
         assert!(Records::check(&[9, 0, 0, 0, 1], 2).is_err());
         assert!(Records::check(&[0, 0, 0, 0, 1], 2).is_err());
@@ -505,10 +540,15 @@ mod tests {
             Err(StreamError::WindowExceeded { .. })
         ));
         let mut inbound = Inbound::default();
-        inbound.on_message().unwrap();
+        inbound.on_message(0).unwrap();
+        inbound.on_message(3).unwrap();
+        assert_eq!(inbound.on_message(0), Err(StreamError::HeadersNotFirst));
         inbound.on_close().unwrap();
-        assert_eq!(inbound.on_message(), Err(StreamError::MessageAfterClose));
+        assert_eq!(inbound.on_message(1), Err(StreamError::MessageAfterClose));
         assert_eq!(inbound.on_close(), Err(StreamError::DoubleHalfClose));
+        let mut late = Inbound::default();
+        late.on_message(1).unwrap();
+        assert_eq!(late.on_message(0), Err(StreamError::HeadersNotFirst));
     }
 
     #[derive(Debug, Clone)]
