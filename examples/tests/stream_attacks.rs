@@ -1067,3 +1067,64 @@ on_soft_fabrics! {
         bounded("shutdown", move || server.shutdown());
     }
 }
+
+on_soft_fabrics! {
+    /// On a channel of several endpoints, each at its server's stream
+    /// limit, a stream waiting for room goes as soon as a stream ends on
+    /// any of them, whichever it found full first.
+    fn a_stream_waiting_for_room_takes_it_on_any_endpoint(url: &str) {
+        let servers: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|name| {
+                let url = if url.starts_with("mem://") { format!("{url}.{name}") } else { url.to_owned() };
+                serve(
+                    Server::builder()
+                        .dispatchers(1)
+                        .max_concurrent_streams(1)
+                        .add_service(RouteGuideServer::new(Adversary::default())),
+                    &url,
+                )
+            })
+            .collect();
+        let channel = Channel::balance([servers[0].local_url(), servers[1].local_url()])
+            .timeout(LIMIT)
+            .connect()
+            .unwrap();
+        let client = RouteGuideClient::new(channel);
+        let silent = || {
+            let mut r = Request::new(());
+            r.metadata_mut().insert("mode", "silent").unwrap();
+            let (tx, mut rx) = client.route_chat_sender(r);
+            rx.blocking_initial_metadata().unwrap();
+            (tx, rx)
+        };
+        // Both connections full, then each in turn frees its place.
+        let mut held = vec![silent(), silent()];
+        for round in 0..4 {
+            let waiting = client.clone();
+            let third = std::thread::spawn(move || {
+                let mut r = Request::new(());
+                r.metadata_mut().insert("mode", "silent").unwrap();
+                let (tx, mut rx) = waiting.route_chat_sender(r);
+                let opened = rx.blocking_initial_metadata().map(drop);
+                (opened, tx, rx)
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!third.is_finished(), "round {round}: the third stream did not wait");
+            let freed = Instant::now();
+            drop(held.remove(round % 2));
+            let (opened, tx, rx) = third.join().unwrap();
+            opened.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(
+                freed.elapsed() < Duration::from_secs(5),
+                "round {round}: the third stream took {:?} to find the freed place",
+                freed.elapsed()
+            );
+            held.insert(round % 2, (tx, rx));
+        }
+        drop(held);
+        for server in servers {
+            bounded("shutdown", move || server.shutdown());
+        }
+    }
+}

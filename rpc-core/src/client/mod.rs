@@ -759,6 +759,27 @@ impl Handle {
         Ok(roomy.unwrap_or(picked))
     }
 
+    /// For a stream that found `full` at its server's stream limit: a place
+    /// on another of the channel's live connections, if one has room;
+    /// otherwise `waker` is woken (through `waiting`) once a stream ends on
+    /// any of them, not only on `full`.
+    fn open_elsewhere(
+        &self,
+        full: &Arc<Connection>,
+        waiting: &Arc<Waiting>,
+        waker: &Waker,
+    ) -> Option<(Arc<Connection>, StreamPermit)> {
+        if self.single.is_some() {
+            return None;
+        }
+        let targets = self.targets.load();
+        targets
+            .iter()
+            .filter_map(|t| t.usable())
+            .filter(|c| !Arc::ptr_eq(c, full) && c.is_alive())
+            .find_map(|c| c.streams.open_or_wake(waiting, waker).map(|p| (c, p)))
+    }
+
     /// `target`'s live connection, if it serves; a dead one is taken out.
     fn pick_from(self: &Arc<Self>, target: &Arc<Target>) -> Result<Arc<Connection>, Status> {
         match target.usable() {
@@ -1427,7 +1448,11 @@ impl Channel {
                     return Attempt::Done(Err(status));
                 }
             };
-            let Some(permit) = conn.streams.open_or_wake(&waiting, waker) else {
+            let opened = match conn.streams.open_or_wake(&waiting, waker) {
+                Some(permit) => Some((conn.clone(), permit)),
+                None => handle.open_elsewhere(&conn, &waiting, waker),
+            };
+            let Some((conn, permit)) = opened else {
                 full = Some(conn.streams.max());
                 return Attempt::Full;
             };
@@ -1451,8 +1476,8 @@ impl Channel {
         let mut timer: Option<Waker> = None;
         Box::new(move |cx| match try_start(cx.waker()) {
             Attempt::Done(started) => Poll::Ready(started),
-            // Woken when one of the connection's streams ends (the limit
-            // took the waker), or at the deadline.
+            // Woken when a stream ends on one of the full connections (their
+            // limits took the waker), or at the deadline.
             Attempt::Full => {
                 if let Some(at) = deadline {
                     if !timer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
