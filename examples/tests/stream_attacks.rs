@@ -240,9 +240,14 @@ impl RouteGuide for Adversary {
         if let Some(session) = md(&request, "session") {
             metadata.insert("session", session).unwrap();
         }
-        let incoming = request.into_inner();
+        let mut incoming = request.into_inner();
+        if mode == "headers-first" {
+            // A request stream has no initial metadata: none, at once.
+            let headers = incoming.initial_metadata().await?;
+            assert!(headers.is_empty(), "{headers:?}");
+        }
         let silent = mode == "silent";
-        let incoming = if mode == "echo" { Some(incoming) } else { None };
+        let incoming = matches!(mode.as_str(), "echo" | "headers-first").then_some(incoming);
         Ok(Response::from_parts(
             metadata,
             Box::pin(
@@ -1055,6 +1060,18 @@ on_soft_fabrics! {
         tx.close().unwrap();
         assert!(rx.blocking_message().unwrap().is_none());
         assert_eq!(rx.metadata().unwrap().get("session"), Some("chat-1"));
+
+        // A handler that asks for its request stream's metadata first is
+        // told at once that there is none: it answers before the client
+        // sends anything.
+        let mut r = Request::new(());
+        r.metadata_mut().insert("mode", "headers-first").unwrap();
+        r.metadata_mut().insert("session", "chat-2").unwrap();
+        let (mut tx, mut rx) = client.route_chat_sender(r);
+        assert_eq!(rx.blocking_initial_metadata().unwrap().get("session"), Some("chat-2"));
+        tx.send(RouteNote { location: None, message: "after".into() }).unwrap();
+        assert_eq!(rx.blocking_message().unwrap().unwrap().message, "after");
+        drop((tx, rx));
 
         // A silent stream dropped after its metadata: cancelled, its
         // response stream dropped on the server.

@@ -129,6 +129,10 @@ on_every_fabric! {
         let mut refused = echo.stream(stream_request(1, MAX_STREAM_REPLY + 1, &[]));
         let status = refused.blocking_initial_metadata().unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        // Asked again once the refusal is in (its metadata with it).
+        eventually("the refusal arrived", || refused.metadata().is_some());
+        let status = refused.blocking_initial_metadata().unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
         let status = refused.into_iter().next().unwrap().unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 

@@ -496,7 +496,7 @@ impl ServerCall {
         sink.recycle(std::mem::take(&mut self.payload));
         let signal = core.signal.clone();
         let remote = sink.remote();
-        let stream = Streaming::new(core, sink, self.call_id, None, None);
+        let stream = Streaming::new(core, sink, self.call_id, None, None).of_requests();
         Some(Request::from_wire(
             stream,
             std::mem::take(&mut self.metadata),

@@ -530,16 +530,28 @@ impl StreamCore {
     }
 
     /// The peer's initial metadata once it arrived (with its first frame,
-    /// or with a clean end); the call's status if it failed before any
-    /// frame came (a failed call's metadata is its status's).
+    /// or with the end); the call's status if it failed before any frame
+    /// came (a failed call's metadata is its status's). `None` before.
+    fn headers_now(&self) -> Option<Result<Metadata, Status>> {
+        Self::headers_of(&self.state())
+    }
+
+    fn headers_of(st: &CoreState) -> Option<Result<Metadata, Status>> {
+        match (&st.end, &st.headers) {
+            (Some(Err(status)), _) if !st.inbound.is_started() => Some(Err(status.clone())),
+            (_, Some(headers)) => Some(Ok(headers.clone())),
+            // Ended after a frame, which brought the headers: not here.
+            (Some(_), None) => Some(Ok(Metadata::default())),
+            (None, None) => None,
+        }
+    }
+
+    /// [`StreamCore::headers_now`], or `Pending` (woken as a reader is).
     fn poll_headers(&self, cx: &mut Context<'_>) -> Poll<Result<Metadata, Status>> {
         let mut st = self.state();
-        match (&st.end, &st.headers) {
-            (Some(Err(status)), _) if !st.inbound.is_started() => Poll::Ready(Err(status.clone())),
-            (_, Some(headers)) => Poll::Ready(Ok(headers.clone())),
-            (Some(Ok(())), None) => Poll::Ready(Ok(Metadata::default())),
-            (Some(Err(status)), None) => Poll::Ready(Err(status.clone())),
-            (None, None) => {
+        match Self::headers_of(&st) {
+            Some(headers) => Poll::Ready(headers),
+            None => {
                 st.reader = Some(cx.waker().clone());
                 Poll::Pending
             }
@@ -1188,6 +1200,9 @@ pub struct Streaming<T> {
     batch: Option<(Bytes, Records)>,
     /// The stream ended (cleanly or with its error).
     finished: bool,
+    /// A server's request stream: its peer sends no initial metadata
+    /// (the call's is the `Request`'s).
+    requests: bool,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -1217,8 +1232,15 @@ impl<T> Streaming<T> {
             pump,
             batch: None,
             finished: false,
+            requests: false,
             _t: PhantomData,
         }
+    }
+
+    /// This as a server's request stream (see [`Streaming::initial_metadata`]).
+    pub(crate) fn of_requests(mut self) -> Streaming<T> {
+        self.requests = true;
+        self
     }
 
     /// A stream that starts when `opening` has (see [`Opening`]).
@@ -1286,7 +1308,8 @@ impl<T> Streaming<T> {
     /// first message, as a gRPC response's headers do (tonic's awaited
     /// `Response`). If the call fails first, its status, which the stream
     /// then yields too. On a server, the client's request stream has no
-    /// metadata of its own (the call's is the `Request`'s): this is empty.
+    /// metadata of its own (the call's is the `Request`'s): this is empty,
+    /// at once.
     ///
     /// ```no_run
     /// # async fn f(mut features: rpc_core::Streaming<u64>) -> Result<(), rpc_core::Status> {
@@ -1302,8 +1325,13 @@ impl<T> Streaming<T> {
     /// (not for async handlers: see
     /// [`UnaryCall::wait`](crate::UnaryCall::wait)).
     pub fn blocking_initial_metadata(&mut self) -> Result<Metadata, Status> {
-        if let Some(headers) = self.metadata() {
-            return Ok(headers);
+        if self.requests {
+            return Ok(Metadata::default());
+        }
+        if self.opening.is_none() {
+            if let Some(headers) = self.core.headers_now() {
+                return headers;
+            }
         }
         crate::dispatch::warn_if_on_a_dispatcher("Streaming::blocking_initial_metadata");
         crate::executor::wait_on(self.initial_metadata())
@@ -1315,6 +1343,9 @@ impl<T> Streaming<T> {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Metadata, Status>> {
+        if self.requests {
+            return Poll::Ready(Ok(Metadata::default()));
+        }
         if self.poll_opened(cx).is_pending() {
             return Poll::Pending;
         }
