@@ -1085,6 +1085,67 @@ on_soft_fabrics! {
     }
 }
 
+/// A server of [`Adversary`] that serves one stream at a time per
+/// connection.
+fn one_stream_server(url: &str) -> rpc_core::ServerHandle {
+    serve(
+        Server::builder()
+            .dispatchers(1)
+            .max_concurrent_streams(1)
+            .add_service(RouteGuideServer::new(Adversary::default())),
+        url,
+    )
+}
+
+/// A silent bidi stream on `client`, once it started (its metadata came).
+fn silent_stream(
+    client: &RouteGuideClient,
+) -> (rpc_core::RequestSender<RouteNote>, Streaming<RouteNote>) {
+    let mut r = Request::new(());
+    r.metadata_mut().insert("mode", "silent").unwrap();
+    let (tx, mut rx) = client.route_chat_sender(r);
+    rx.blocking_initial_metadata().unwrap();
+    (tx, rx)
+}
+
+on_soft_fabrics! {
+    /// A stream waiting for room on a channel's only live endpoint goes as
+    /// soon as another endpoint comes up, which has room.
+    fn a_stream_waiting_for_room_takes_it_on_an_endpoint_that_comes_up(url: &str) {
+        let later = if url.starts_with("tcp://") {
+            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("tcp://{}", free.local_addr().unwrap())
+        } else {
+            format!("{url}.later")
+        };
+        let first = if url.starts_with("mem://") { format!("{url}.first") } else { url.to_owned() };
+        let a = one_stream_server(&first);
+        let channel = Channel::balance([a.local_url(), later.as_str()])
+            .timeout(Duration::from_secs(20))
+            .connect_lazy()
+            .unwrap();
+        let client = RouteGuideClient::new(channel.clone());
+        eventually("the first endpoint connected", || channel.is_connected());
+        let held = silent_stream(&client);
+        let waiting = client.clone();
+        let third = std::thread::spawn(move || silent_stream(&waiting));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!third.is_finished(), "the second stream did not wait");
+        let b = one_stream_server(&later);
+        let up = Instant::now();
+        let second = third.join().unwrap();
+        assert!(
+            up.elapsed() < Duration::from_secs(10),
+            "the second stream took {:?} to find the new endpoint",
+            up.elapsed()
+        );
+        drop((held, second));
+        for server in [a, b] {
+            bounded("shutdown", move || server.shutdown());
+        }
+    }
+}
+
 on_soft_fabrics! {
     /// On a channel of several endpoints, each at its server's stream
     /// limit, a stream waiting for room goes as soon as a stream ends on
@@ -1094,13 +1155,7 @@ on_soft_fabrics! {
             .iter()
             .map(|name| {
                 let url = if url.starts_with("mem://") { format!("{url}.{name}") } else { url.to_owned() };
-                serve(
-                    Server::builder()
-                        .dispatchers(1)
-                        .max_concurrent_streams(1)
-                        .add_service(RouteGuideServer::new(Adversary::default())),
-                    &url,
-                )
+                one_stream_server(&url)
             })
             .collect();
         let channel = Channel::balance([servers[0].local_url(), servers[1].local_url()])
@@ -1108,36 +1163,22 @@ on_soft_fabrics! {
             .connect()
             .unwrap();
         let client = RouteGuideClient::new(channel);
-        let silent = || {
-            let mut r = Request::new(());
-            r.metadata_mut().insert("mode", "silent").unwrap();
-            let (tx, mut rx) = client.route_chat_sender(r);
-            rx.blocking_initial_metadata().unwrap();
-            (tx, rx)
-        };
         // Both connections full, then each in turn frees its place.
-        let mut held = vec![silent(), silent()];
+        let mut held = vec![silent_stream(&client), silent_stream(&client)];
         for round in 0..4 {
             let waiting = client.clone();
-            let third = std::thread::spawn(move || {
-                let mut r = Request::new(());
-                r.metadata_mut().insert("mode", "silent").unwrap();
-                let (tx, mut rx) = waiting.route_chat_sender(r);
-                let opened = rx.blocking_initial_metadata().map(drop);
-                (opened, tx, rx)
-            });
+            let third = std::thread::spawn(move || silent_stream(&waiting));
             std::thread::sleep(Duration::from_millis(50));
             assert!(!third.is_finished(), "round {round}: the third stream did not wait");
             let freed = Instant::now();
             drop(held.remove(round % 2));
-            let (opened, tx, rx) = third.join().unwrap();
-            opened.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let third = third.join().unwrap_or_else(|_| panic!("round {round}: no room found"));
             assert!(
                 freed.elapsed() < Duration::from_secs(5),
                 "round {round}: the third stream took {:?} to find the freed place",
                 freed.elapsed()
             );
-            held.insert(round % 2, (tx, rx));
+            held.insert(round % 2, third);
         }
         drop(held);
         for server in servers {

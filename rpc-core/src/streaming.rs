@@ -540,7 +540,8 @@ impl StreamCore {
         match (&st.end, &st.headers) {
             (Some(Err(status)), _) if !st.inbound.is_started() => Some(Err(status.clone())),
             (_, Some(headers)) => Some(Ok(headers.clone())),
-            // Ended after a frame, which brought the headers: not here.
+            // A clean end that brought no metadata (a trailers-only answer
+            // without any, a request stream half-closed at once).
             (Some(_), None) => Some(Ok(Metadata::default())),
             (None, None) => None,
         }

@@ -1406,8 +1406,11 @@ impl Channel {
         } = deferred;
         let mut obs = Some(obs);
         let ready = handle.clone();
-        // Woken through it when a full connection's stream ends.
+        // Woken through it when a full connection's stream ends, or when a
+        // connection comes up.
         let waiting = Arc::new(Waiting::default());
+        let on_ready = waiting.clone();
+        let mut listed_on_ready = false;
         // The stream limit of the connection it last found full.
         let mut full = None;
         let mut try_start = move |waker: &Waker| -> Attempt {
@@ -1485,7 +1488,18 @@ impl Channel {
                         reconnect::wake_at(at, cx.waker().clone());
                     }
                 }
-                Poll::Pending
+                if listed_on_ready {
+                    return Poll::Pending;
+                }
+                // A connection that comes up (another endpoint, a
+                // reconnect) may have room: woken then too, once listed;
+                // and one that came up before that is looked at now.
+                ready.ready.register_stream(&on_ready);
+                listed_on_ready = true;
+                match try_start(cx.waker()) {
+                    Attempt::Done(started) => Poll::Ready(started),
+                    Attempt::Full | Attempt::NoConnection => Poll::Pending,
+                }
             }
             Attempt::NoConnection => {
                 ready.ready.register(cx.waker(), deadline);

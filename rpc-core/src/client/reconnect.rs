@@ -8,8 +8,9 @@
 //! that vanished never delays another channel's. The same thread wakes the
 //! waiting callers whose deadline passed (see [`Ready`]).
 
+use super::stream_limit::{SWEEP_AT, Waiting};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -92,6 +93,12 @@ struct ReadyState {
     wakers: Vec<Waker>,
     /// Bumped each time a connection comes up.
     generation: u64,
+    /// Streams waiting at their connections' stream limits: a connection
+    /// that comes up may have room. Held weakly, as a stream's limits hold
+    /// them ([`Waiting`]), until they are dropped.
+    streams: Vec<Weak<Waiting>>,
+    /// Length at which `streams` is next swept of those dropped.
+    sweep_at: usize,
 }
 
 impl Ready {
@@ -118,6 +125,17 @@ impl Ready {
         }
     }
 
+    /// Wakes `waiting`, a stream at its connections' stream limits, each
+    /// time a connection comes up (it may have room), until it is dropped.
+    pub(crate) fn register_stream(&self, waiting: &Arc<Waiting>) {
+        let mut st = self.lock();
+        if st.streams.len() >= st.sweep_at.max(SWEEP_AT) {
+            st.streams.retain(|w| w.strong_count() > 0);
+            st.sweep_at = st.streams.len() * 2;
+        }
+        st.streams.push(Arc::downgrade(waiting));
+    }
+
     /// Blocks until a connection comes up after `generation`, or `deadline`.
     pub(crate) fn wait(&self, generation: u64, deadline: Option<Instant>) {
         let mut st = self.lock();
@@ -139,16 +157,22 @@ impl Ready {
         }
     }
 
-    /// A connection came up: wakes everyone waiting.
+    /// A connection came up: wakes everyone waiting, for a connection or
+    /// for room.
     pub(crate) fn notify(&self) {
-        let wakers = {
+        let (wakers, streams) = {
             let mut st = self.lock();
             st.generation += 1;
-            std::mem::take(&mut st.wakers)
+            let streams: Vec<_> = st.streams.iter().filter_map(Weak::upgrade).collect();
+            st.streams.retain(|w| w.strong_count() > 0);
+            (std::mem::take(&mut st.wakers), streams)
         };
         self.changed.notify_all();
         for w in wakers {
             w.wake();
+        }
+        for waiting in streams {
+            waiting.wake();
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 
 /// Waiters kept before those that gave up are swept out.
-const SWEEP_AT: usize = 64;
+pub(super) const SWEEP_AT: usize = 64;
 
 /// One connection's stream limit and the streams open on it.
 #[derive(Debug)]
@@ -39,6 +39,15 @@ struct WaitingState {
     /// The limits whose lists it is in (their addresses), each until a
     /// stream's end there takes its list.
     listed_on: Vec<usize>,
+}
+
+impl Waiting {
+    /// Wakes every task waiting on this stream, which stays listed where
+    /// it is (a connection came up: it may have room).
+    pub(super) fn wake(&self) {
+        let wakers = std::mem::take(&mut lock(&self.0).wakers);
+        wakers.into_iter().for_each(Waker::wake);
+    }
 }
 
 impl StreamLimit {
