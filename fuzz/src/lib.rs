@@ -620,6 +620,19 @@ mod tests {
             ]
             .concat(),
         );
+        // A stream's first frame may be metadata alone (no messages).
+        let headers = frame(FrameKind::Message, 4, 0, &tenant, &[]);
+        put(
+            "server",
+            "headers_first",
+            &[
+                step(0, none, 0, &request(2)),
+                step(0, none, 0, &headers),
+                step(4, none, 0, &msg),
+                step(4, none, 0, &half_close),
+            ]
+            .concat(),
+        );
         let cancel = frame(FrameKind::Cancel, 4, 0, &[], &[]);
         put(
             "server",
@@ -651,6 +664,7 @@ mod tests {
             "server_stream",
             "client_stream",
             "bidi",
+            "headers_first",
             "two_in_one",
             "unknown",
         ] {
