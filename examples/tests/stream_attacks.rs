@@ -160,15 +160,22 @@ impl RouteGuide for Adversary {
             }
         });
         drop(g);
-        Ok(Response::new(Box::pin(Evil {
-            _g: Guard::stream(&self.live),
-            live: self.live.clone(),
-            n: 0,
-            after,
-            then,
-            size,
-            incoming: None,
-        })))
+        let mut metadata = rpc_core::Metadata::new();
+        if let Some(session) = md(&request, "session") {
+            metadata.insert("session", session).unwrap();
+        }
+        Ok(Response::from_parts(
+            metadata,
+            Box::pin(Evil {
+                _g: Guard::stream(&self.live),
+                live: self.live.clone(),
+                n: 0,
+                after,
+                then,
+                size,
+                incoming: None,
+            }),
+        ))
     }
 
     async fn record_route(
@@ -1072,6 +1079,18 @@ on_soft_fabrics! {
         tx.send(RouteNote { location: None, message: "after".into() }).unwrap();
         assert_eq!(rx.blocking_message().unwrap().unwrap().message, "after");
         drop((tx, rx));
+
+        // A response stream that fails at once: its metadata still comes
+        // first, then its error.
+        let mut failing = client.list_features(rect_req(&[
+            ("session", "doomed"),
+            ("after", "0"),
+            ("then", "error"),
+        ]));
+        let headers = failing.blocking_initial_metadata().unwrap();
+        assert_eq!(headers.get("session"), Some("doomed"));
+        let status = failing.blocking_message().unwrap_err();
+        assert_eq!(status.code(), Code::Aborted, "{status:?}");
 
         // A silent stream dropped after its metadata: cancelled, its
         // response stream dropped on the server.

@@ -125,6 +125,16 @@ on_every_fabric! {
         assert_eq!(headers.get("session"), Some("s2"));
         assert_eq!(ready.into_iter().map(Result::unwrap).count(), 2);
 
+        // A stream that ends at once: its metadata and its trailers apart.
+        let mut empty = echo.stream(stream_request(0, 8, &[("session", "s3"), ("trailer", "t3")]));
+        let headers = empty.blocking_initial_metadata().unwrap();
+        assert_eq!(headers.get("session"), Some("s3"));
+        assert_eq!(headers.get("x-trailer"), None, "{headers:?}");
+        assert!(empty.blocking_message().unwrap().is_none());
+        let trailers = empty.trailers().unwrap();
+        assert_eq!(trailers.get("x-trailer"), Some("t3"));
+        assert_eq!(trailers.get("session"), None, "{trailers:?}");
+
         // A call that fails before any frame: its status, then the stream's.
         let mut refused = echo.stream(stream_request(1, MAX_STREAM_REPLY + 1, &[]));
         let status = refused.blocking_initial_metadata().unwrap_err();

@@ -557,9 +557,9 @@ impl ServerCall {
     }
 
     /// Sends the messages of a handler's response stream as the window
-    /// allows, then the final status: `Response` (with the initial
-    /// metadata if no message carried it) at the stream's end, `Error` at
-    /// its first error. Stops, answering nothing, if the call is over.
+    /// allows, then the final status: `Response` at the stream's end,
+    /// `Error` at its first error, each after the initial metadata if no
+    /// frame carried it yet. Stops, answering nothing, if the call is over.
     async fn send_stream<Resp, S>(mut self, response: Response<S>)
     where
         Resp: prost::Message + 'static,
@@ -597,6 +597,19 @@ impl ServerCall {
             }
         })
         .await;
+        // Initial metadata that no frame carried yet (the stream ended, or
+        // failed, at its first poll) goes alone before the final frame: not
+        // merged into the trailers, nor lost with an error. Nothing was sent
+        // on the window, so it goes at once (or the call is over).
+        if matches!(end, StreamEnd::Finished | StreamEnd::Failed(_))
+            && outbox
+                .first_metadata
+                .as_ref()
+                .is_some_and(|m| !m.is_empty())
+        {
+            let _ = std::future::poll_fn(|cx| outbox.poll_send_headers(cx)).await;
+            outbox.flush();
+        }
         // Read only now: the stream may have set them until its end.
         let with_trailers = |mut metadata: Metadata| {
             if let Some(t) = &trailers {

@@ -726,7 +726,7 @@ impl Outbox {
     /// messages, if no frame carried it yet and nothing waits to carry it:
     /// so that the peer learns it while the stream has nothing to send
     /// yet, as gRPC sends a response's headers before its first message.
-    fn poll_send_headers(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+    pub(crate) fn poll_send_headers(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         if self.first_metadata.is_none() || self.count > 0 || self.lent.is_some() {
             return Poll::Ready(Ok(()));
         }
