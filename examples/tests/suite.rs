@@ -134,6 +134,12 @@ on_every_fabric! {
         let trailers = empty.trailers().unwrap();
         assert_eq!(trailers.get("x-trailer"), Some("t3"));
         assert_eq!(trailers.get("session"), None, "{trailers:?}");
+        // So do empty metadata: the trailers are not taken for them.
+        let mut bare = echo.stream(stream_request(0, 8, &[("trailer", "t4")]));
+        let headers = bare.blocking_initial_metadata().unwrap();
+        assert!(headers.is_empty(), "{headers:?}");
+        assert!(bare.blocking_message().unwrap().is_none());
+        assert_eq!(bare.trailers().unwrap().get("x-trailer"), Some("t4"));
 
         // A call that fails before any frame: its status, then the stream's.
         let mut refused = echo.stream(stream_request(1, MAX_STREAM_REPLY + 1, &[]));

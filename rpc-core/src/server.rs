@@ -597,16 +597,13 @@ impl ServerCall {
             }
         })
         .await;
-        // Initial metadata that no frame carried yet (the stream ended, or
-        // failed, at its first poll) goes alone before the final frame: not
-        // merged into the trailers, nor lost with an error. Nothing was sent
-        // on the window, so it goes at once (or the call is over).
-        if matches!(end, StreamEnd::Finished | StreamEnd::Failed(_))
-            && outbox
-                .first_metadata
-                .as_ref()
-                .is_some_and(|m| !m.is_empty())
-        {
+        // Initial metadata that no frame carried yet (the stream ended,
+        // failed or panicked at its first poll) goes alone before the final
+        // frame, empty or not, as it would have had that poll been pending:
+        // so headers are never merged into the trailers nor lost with an
+        // error, whatever the timing. Nothing was sent on the window, so it
+        // goes at once (or the call is over).
+        if !matches!(end, StreamEnd::Over) && outbox.first_metadata.is_some() {
             let _ = std::future::poll_fn(|cx| outbox.poll_send_headers(cx)).await;
             outbox.flush();
         }

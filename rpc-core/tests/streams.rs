@@ -264,7 +264,7 @@ fn server_streams_arrive_complete_and_in_order(url: &str) {
     let got: Vec<_> =
         futures::executor::block_on(stream.map(|m| m.unwrap().seq).collect::<Vec<_>>());
     assert_eq!(got, (0..20).collect::<Vec<_>>(), "{url}");
-    // An empty stream still carries the initial metadata, with its end.
+    // An empty stream still carries the initial metadata, before its end.
     let mut stream = count(&ch, 0, 0);
     assert!(stream.blocking_message().unwrap().is_none());
     assert_eq!(stream.metadata().unwrap().get("kind"), Some("count"));
