@@ -326,25 +326,9 @@ fn metadata_deadlines_and_interceptors_carry_over_grpc() {
             assert!(e.metadata().get("grpc-status-details-bin").is_none());
 
             // So does a stream's trailing metadata, after its messages.
-            let mut grpc = tonic::client::Grpc::new(channel.clone());
-            grpc.ready().await.unwrap();
-            let mut request =
-                tonic::Request::new(examples::echo::StreamRequest { count: 3, size: 8 });
-            request
-                .metadata_mut()
-                .insert("authorization", TOKEN.parse().unwrap());
-            request
-                .metadata_mut()
-                .insert("trailer", "sent 3".parse().unwrap());
-            let path = tonic::codegen::http::uri::PathAndQuery::from_static("/echo.Echo/Stream");
-            let codec = tonic_prost::ProstCodec::<
-                examples::echo::StreamRequest,
-                examples::echo::EchoReply,
-            >::default();
-            let mut stream = grpc
-                .server_streaming(request, path, codec)
+            let metadata = [("authorization", TOKEN), ("trailer", "sent 3")];
+            let mut stream = examples_echo_stream(channel.clone(), 3, 8, &metadata)
                 .await
-                .unwrap()
                 .into_inner();
             let mut messages = 0;
             while let Some(reply) = stream.message().await.unwrap() {
@@ -388,6 +372,27 @@ fn examples_echo_client(
             Ok(reply.map(|r| r.payload.to_vec()))
         })
     }
+}
+
+/// An `echo.Echo/Stream` call through tonic with `metadata`, as
+/// [`examples_echo_client`] makes unary ones: its response once the
+/// server's headers came.
+async fn examples_echo_stream(
+    channel: tonic::transport::Channel,
+    count: u64,
+    size: u32,
+    metadata: &[(&'static str, &str)],
+) -> tonic::Response<tonic::Streaming<examples::echo::EchoReply>> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(examples::echo::StreamRequest { count, size });
+    for (key, value) in metadata {
+        request.metadata_mut().insert(*key, value.parse().unwrap());
+    }
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/echo.Echo/Stream");
+    let codec =
+        tonic_prost::ProstCodec::<examples::echo::StreamRequest, examples::echo::EchoReply>::default();
+    grpc.server_streaming(request, path, codec).await.unwrap()
 }
 
 /// A plain tonic kv server, as another team would write it.
@@ -739,22 +744,8 @@ fn a_streams_headers_cross_the_face_and_the_gateway_before_its_messages() {
                 .connect()
                 .await
                 .unwrap();
-            let mut grpc = tonic::client::Grpc::new(channel);
-            grpc.ready().await.unwrap();
-            let mut request =
-                tonic::Request::new(examples::echo::StreamRequest { count: 2, size: 8 });
-            request
-                .metadata_mut()
-                .insert("session", "face".parse().unwrap());
-            request
-                .metadata_mut()
-                .insert("hold", "face".parse().unwrap());
-            let path = tonic::codegen::http::uri::PathAndQuery::from_static("/echo.Echo/Stream");
-            let codec = tonic_prost::ProstCodec::<
-                examples::echo::StreamRequest,
-                examples::echo::EchoReply,
-            >::default();
-            let response = grpc.server_streaming(request, path, codec).await.unwrap();
+            let metadata = [("session", "face"), ("hold", "face")];
+            let response = examples_echo_stream(channel, 2, 8, &metadata).await;
             assert_eq!(response.metadata().get("session").unwrap(), "face");
             response.into_inner()
         });

@@ -316,15 +316,21 @@ fn start(url: &str) -> (rpc_core::ServerHandle, Arc<Live>, String) {
     (server, live, u)
 }
 
-/// A server that serves one stream at a time per connection, and a client.
-fn start_with_one_stream(url: &str) -> (rpc_core::ServerHandle, RouteGuideClient) {
-    let server = serve(
+/// A server of [`Adversary`] that serves one stream at a time per
+/// connection.
+fn one_stream_server(url: &str) -> rpc_core::ServerHandle {
+    serve(
         Server::builder()
             .dispatchers(1)
             .max_concurrent_streams(1)
             .add_service(RouteGuideServer::new(Adversary::default())),
         url,
-    );
+    )
+}
+
+/// A server that serves one stream at a time per connection, and a client.
+fn start_with_one_stream(url: &str) -> (rpc_core::ServerHandle, RouteGuideClient) {
+    let server = one_stream_server(url);
     let client = client_for(server.local_url(), Some(LIMIT));
     (server, client)
 }
@@ -337,15 +343,21 @@ fn client_for(url: &str, timeout: Option<Duration>) -> RouteGuideClient {
     RouteGuideClient::new(b.connect().unwrap())
 }
 
-fn rect_req(meta: &[(&str, &str)]) -> Request<Rectangle> {
-    let mut r = Request::new(Rectangle {
-        lo: Some(Point::default()),
-        hi: Some(Point::default()),
-    });
+/// A request of `message` with `meta` as its metadata.
+fn with_meta<T>(message: T, meta: &[(&str, &str)]) -> Request<T> {
+    let mut r = Request::new(message);
     for (k, v) in meta {
         r.metadata_mut().insert(k, *v).unwrap();
     }
     r
+}
+
+fn rect_req(meta: &[(&str, &str)]) -> Request<Rectangle> {
+    let rect = Rectangle {
+        lo: Some(Point::default()),
+        hi: Some(Point::default()),
+    };
+    with_meta(rect, meta)
 }
 
 fn unary_ok(client: &RouteGuideClient) {
@@ -517,9 +529,7 @@ on_soft_fabrics! {
     fn client_stream_deadline_before_halfclose(url: &str) {
         let (_server, live, u) = start(url);
         let client = client_for(&u, Some(Duration::from_millis(500)));
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "never-read").unwrap();
-        let (mut tx, call) = client.record_route_sender(r);
+        let (mut tx, call) = client.record_route_sender(with_meta((), &[("mode", "never-read")]));
         let t = Instant::now();
         let mut sent = 0;
         let err = loop {
@@ -544,9 +554,7 @@ on_soft_fabrics! {
     fn a_cancel_drops_a_stream_handler_that_has_not_answered(url: &str) {
         let (_server, live, u) = start(url);
         let client = client_for(&u, Some(LIMIT));
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "await-forever").unwrap();
-        let (tx, rx) = client.route_chat_sender(r);
+        let (tx, rx) = client.route_chat_sender(with_meta((), &[("mode", "await-forever")]));
         eventually("handler running", || live.handlers.load(Ordering::SeqCst) == 1);
         drop((tx, rx));
         eventually("handler dropped", || live.handlers.load(Ordering::SeqCst) == 0);
@@ -560,9 +568,7 @@ on_soft_fabrics! {
     fn client_stream_server_answers_early(url: &str) {
         let (_server, _live, u) = start(url);
         let client = client_for(&u, Some(LIMIT));
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "answer-now").unwrap();
-        let (mut tx, call) = client.record_route_sender(r);
+        let (mut tx, call) = client.record_route_sender(with_meta((), &[("mode", "answer-now")]));
         let t = Instant::now();
         let mut err = None;
         for _ in 0..100_000 {
@@ -597,9 +603,7 @@ on_soft_fabrics! {
         tx2.send(RouteNote { location: Some(Point::default()), message: "a".into() }).unwrap();
         let _ = bidi.blocking_message().unwrap();
         // client stream whose server never reads, sender blocked
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "never-read").unwrap();
-        let (mut tx3, cs) = client.record_route_sender(r);
+        let (mut tx3, cs) = client.record_route_sender(with_meta((), &[("mode", "never-read")]));
         let sender = std::thread::spawn(move || {
             loop {
                 if let Err(e) = tx3.send(Point { latitude: 1, longitude: 1 }) {
@@ -811,9 +815,7 @@ on_soft_fabrics! {
         let n = 8;
         let mut held = Vec::new();
         for i in 0..n {
-            let mut r = Request::new(());
-            r.metadata_mut().insert("mode", "silent").unwrap();
-            let (mut tx, rx) = client.route_chat_sender(r);
+            let (mut tx, rx) = client.route_chat_sender(with_meta((), &[("mode", "silent")]));
             for j in 0..60 {
                 if let Err(e) = tx.send(RouteNote { location: None, message: "m".repeat(4000) }) {
                     panic!("stream {i} message {j}: {e}");
@@ -937,10 +939,7 @@ on_soft_fabrics! {
     fn half_close_early_server_keeps_producing(url: &str) {
         let (_server, live, u) = start(url);
         let client = client_for(&u, Some(LIMIT));
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "produce").unwrap();
-        r.metadata_mut().insert("size", "3000").unwrap();
-        let (tx, mut rx) = client.route_chat_sender(r);
+        let (tx, mut rx) = client.route_chat_sender(with_meta((), &[("mode", "produce"), ("size", "3000")]));
         tx.close().unwrap();
         for _ in 0..2000 {
             rx.blocking_message().unwrap().unwrap();
@@ -1004,9 +1003,7 @@ on_soft_fabrics! {
     /// `Unavailable` at once rather than wait for another connection.
     fn a_stream_waiting_for_room_fails_when_its_connection_goes(url: &str) {
         let (server, client) = start_with_one_stream(url);
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "silent").unwrap();
-        let (_tx, mut held) = client.route_chat_sender(r);
+        let (_tx, mut held) = client.route_chat_sender(with_meta((), &[("mode", "silent")]));
         let waiting = client.clone();
         let second = std::thread::spawn(move || {
             let (_tx, mut rx) = waiting.route_chat_sender(Request::new(()));
@@ -1028,9 +1025,7 @@ on_soft_fabrics! {
     /// on two threads: when a place frees, both go on.
     fn both_ends_of_a_stream_waiting_for_room_go_on(url: &str) {
         let (_server, client) = start_with_one_stream(url);
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "silent").unwrap();
-        let held = client.route_chat_sender(r);
+        let held = client.route_chat_sender(with_meta((), &[("mode", "silent")]));
         let (mut tx, mut rx) = client.route_chat_sender(Request::new(()));
         let sender = std::thread::spawn(move || {
             tx.send(RouteNote { location: None, message: "after".into() })
@@ -1054,9 +1049,7 @@ on_soft_fabrics! {
     fn a_bidi_streams_metadata_arrives_before_any_message(url: &str) {
         let (server, live, u) = start(url);
         let client = client_for(&u, Some(LIMIT));
-        let mut r = Request::new(());
-        r.metadata_mut().insert("session", "chat-1").unwrap();
-        let (mut tx, mut rx) = client.route_chat_sender(r);
+        let (mut tx, mut rx) = client.route_chat_sender(with_meta((), &[("session", "chat-1")]));
         let headers = rx.blocking_initial_metadata().unwrap();
         assert_eq!(headers.get("session"), Some("chat-1"));
         assert_eq!(live.produced.load(Ordering::SeqCst), 0, "no message yet");
@@ -1071,10 +1064,7 @@ on_soft_fabrics! {
         // A handler that asks for its request stream's metadata first is
         // told at once that there is none: it answers before the client
         // sends anything.
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "headers-first").unwrap();
-        r.metadata_mut().insert("session", "chat-2").unwrap();
-        let (mut tx, mut rx) = client.route_chat_sender(r);
+        let (mut tx, mut rx) = client.route_chat_sender(with_meta((), &[("mode", "headers-first"), ("session", "chat-2")]));
         assert_eq!(rx.blocking_initial_metadata().unwrap().get("session"), Some("chat-2"));
         tx.send(RouteNote { location: None, message: "after".into() }).unwrap();
         assert_eq!(rx.blocking_message().unwrap().unwrap().message, "after");
@@ -1094,9 +1084,7 @@ on_soft_fabrics! {
 
         // A silent stream dropped after its metadata: cancelled, its
         // response stream dropped on the server.
-        let mut r = Request::new(());
-        r.metadata_mut().insert("mode", "silent").unwrap();
-        let (_tx, mut rx) = client.route_chat_sender(r);
+        let (_tx, mut rx) = client.route_chat_sender(with_meta((), &[("mode", "silent")]));
         assert!(rx.blocking_initial_metadata().unwrap().is_empty());
         drop(rx);
         eventually("the silent stream dropped", || live.streams.load(Ordering::SeqCst) == 0);
@@ -1104,25 +1092,11 @@ on_soft_fabrics! {
     }
 }
 
-/// A server of [`Adversary`] that serves one stream at a time per
-/// connection.
-fn one_stream_server(url: &str) -> rpc_core::ServerHandle {
-    serve(
-        Server::builder()
-            .dispatchers(1)
-            .max_concurrent_streams(1)
-            .add_service(RouteGuideServer::new(Adversary::default())),
-        url,
-    )
-}
-
 /// A silent bidi stream on `client`, once it started (its metadata came).
 fn silent_stream(
     client: &RouteGuideClient,
 ) -> (rpc_core::RequestSender<RouteNote>, Streaming<RouteNote>) {
-    let mut r = Request::new(());
-    r.metadata_mut().insert("mode", "silent").unwrap();
-    let (tx, mut rx) = client.route_chat_sender(r);
+    let (tx, mut rx) = client.route_chat_sender(with_meta((), &[("mode", "silent")]));
     rx.blocking_initial_metadata().unwrap();
     (tx, rx)
 }

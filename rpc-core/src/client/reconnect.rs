@@ -8,9 +8,9 @@
 //! that vanished never delays another channel's. The same thread wakes the
 //! waiting callers whose deadline passed (see [`Ready`]).
 
-use super::stream_limit::{SWEEP_AT, Waiting};
+use super::stream_limit::{Waiters, Waiting};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -95,10 +95,8 @@ struct ReadyState {
     generation: u64,
     /// Streams waiting at their connections' stream limits: a connection
     /// that comes up may have room. Held weakly, as a stream's limits hold
-    /// them ([`Waiting`]), until they are dropped.
-    streams: Vec<Weak<Waiting>>,
-    /// Length at which `streams` is next swept of those dropped.
-    sweep_at: usize,
+    /// them, until they are dropped.
+    streams: Waiters,
 }
 
 impl Ready {
@@ -128,12 +126,7 @@ impl Ready {
     /// Wakes `waiting`, a stream at its connections' stream limits, each
     /// time a connection comes up (it may have room), until it is dropped.
     pub(crate) fn register_stream(&self, waiting: &Arc<Waiting>) {
-        let mut st = self.lock();
-        if st.streams.len() >= st.sweep_at.max(SWEEP_AT) {
-            st.streams.retain(|w| w.strong_count() > 0);
-            st.sweep_at = st.streams.len() * 2;
-        }
-        st.streams.push(Arc::downgrade(waiting));
+        self.lock().streams.push(waiting);
     }
 
     /// Blocks until a connection comes up after `generation`, or `deadline`.
@@ -163,8 +156,7 @@ impl Ready {
         let (wakers, streams) = {
             let mut st = self.lock();
             st.generation += 1;
-            let streams: Vec<_> = st.streams.iter().filter_map(Weak::upgrade).collect();
-            st.streams.retain(|w| w.strong_count() > 0);
+            let streams = st.streams.live();
             (std::mem::take(&mut st.wakers), streams)
         };
         self.changed.notify_all();

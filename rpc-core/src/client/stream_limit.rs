@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 
 /// Waiters kept before those that gave up are swept out.
-pub(super) const SWEEP_AT: usize = 64;
+const SWEEP_AT: usize = 64;
 
 /// One connection's stream limit and the streams open on it.
 #[derive(Debug)]
@@ -19,11 +19,46 @@ pub(super) struct StreamLimit {
     waiters: Mutex<Waiters>,
 }
 
+/// Streams waiting for something, held weakly: one that gave up is never
+/// woken, and is swept out as the list grows.
 #[derive(Debug, Default)]
-struct Waiters {
+pub(super) struct Waiters {
     list: Vec<Weak<Waiting>>,
     /// Length at which the list is next swept of waiters that gave up.
     sweep_at: usize,
+}
+
+impl Waiters {
+    /// Lists `waiting`, first sweeping out those that gave up if the list
+    /// has grown enough.
+    pub(super) fn push(&mut self, waiting: &Arc<Waiting>) {
+        if self.list.len() >= self.sweep_at.max(SWEEP_AT) {
+            self.list.retain(|w| w.strong_count() > 0);
+            self.sweep_at = self.list.len() * 2;
+        }
+        self.list.push(Arc::downgrade(waiting));
+    }
+
+    /// The waiters still there, which stay listed (those that gave up go).
+    pub(super) fn live(&mut self) -> Vec<Arc<Waiting>> {
+        let mut live = Vec::new();
+        self.list.retain(|w| match w.upgrade() {
+            Some(waiting) => {
+                live.push(waiting);
+                true
+            }
+            None => false,
+        });
+        live
+    }
+
+    /// The waiters still there, taken off the list.
+    fn take(&mut self) -> Vec<Arc<Waiting>> {
+        std::mem::take(&mut self.list)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
 }
 
 /// A stream waiting for room: what to wake (each task that polls it: a
@@ -115,12 +150,7 @@ impl StreamLimit {
             list
         };
         if list {
-            let mut waiters = lock(&self.waiters);
-            if waiters.list.len() >= waiters.sweep_at.max(SWEEP_AT) {
-                waiters.list.retain(|w| w.strong_count() > 0);
-                waiters.sweep_at = waiters.list.len() * 2;
-            }
-            waiters.list.push(Arc::downgrade(waiting));
+            lock(&self.waiters).push(waiting);
         }
         // A stream that ended before the waker was in place.
         self.try_open()
@@ -134,8 +164,8 @@ impl StreamLimit {
     fn close_one(&self) {
         self.open.fetch_sub(1, Ordering::AcqRel);
         let here = self.address();
-        let list = std::mem::take(&mut lock(&self.waiters).list);
-        for waiting in list.iter().filter_map(Weak::upgrade) {
+        let list = lock(&self.waiters).take();
+        for waiting in list {
             let wakers = {
                 let mut st = lock(&waiting.0);
                 st.listed_on.retain(|&l| l != here);
