@@ -436,3 +436,90 @@ on_every_fabric! {
         }
     }
 }
+
+/// An `echo.Echo` whose replies' payloads, when dropped (as the server
+/// tears the call down after sending its answer), wait up to 2 s for the
+/// client to say it has the answer, and note whether it did.
+#[derive(Clone, Default)]
+struct Teardown {
+    answered: Arc<std::sync::atomic::AtomicBool>,
+    seen: Arc<Mutex<Vec<bool>>>,
+}
+
+/// A reply payload that reports its drop to [`Teardown`].
+struct Watched {
+    bytes: Vec<u8>,
+    answered: Arc<std::sync::atomic::AtomicBool>,
+    seen: Arc<Mutex<Vec<bool>>>,
+}
+
+impl AsRef<[u8]> for Watched {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        let answered = loop {
+            if self.answered.load(std::sync::atomic::Ordering::Acquire) {
+                break true;
+            }
+            if std::time::Instant::now() >= until {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        self.seen.lock().unwrap().push(answered);
+    }
+}
+
+impl Echo for Teardown {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let watched = Watched {
+            bytes: request.into_inner().payload.to_vec(),
+            answered: self.answered.clone(),
+            seen: self.seen.clone(),
+        };
+        Ok(Response::new(EchoReply {
+            payload: prost::bytes::Bytes::from_owner(watched),
+        }))
+    }
+
+    type StreamStream = examples::services::Replies;
+
+    async fn stream(
+        &self,
+        request: Request<examples::echo::StreamRequest>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        examples::services::EchoService.stream(request).await
+    }
+}
+
+on_every_fabric! {
+    fn an_inline_handlers_answer_leaves_before_its_call_is_torn_down(url: &str) {
+        // One call at a time: its request is the last frame of the
+        // dispatcher's turn, so nothing can join the answer's write, and
+        // the answer is posted as soon as it is staged, before the call's
+        // state is dropped (and the rest of the turn runs). The reply's
+        // payload is dropped in that teardown; it waits for the client.
+        let service = Teardown::default();
+        let server = one_dispatcher(url, |b| b.add_service(EchoServer::new(service.clone())));
+        let client = EchoClient::new(channel(server.local_url()));
+        for i in 0..3u8 {
+            service.answered.store(false, std::sync::atomic::Ordering::Release);
+            let reply = call(&client, &[i; 16], &[]).wait().unwrap();
+            assert_eq!(reply.get_ref().payload, [i; 16][..]);
+            service.answered.store(true, std::sync::atomic::Ordering::Release);
+            eventually("the reply's payload to be dropped", || {
+                service.seen.lock().unwrap().len() == usize::from(i) + 1
+            });
+        }
+        assert_eq!(
+            *service.seen.lock().unwrap(),
+            [true; 3],
+            "the client had each answer before the server dropped the call"
+        );
+    }
+}

@@ -4,11 +4,13 @@
 //!
 //! A request's task is polled once, inline, as soon as its frame is
 //! decoded. Most handlers finish in that first poll, and that path
-//! allocates nothing: the task's future is placed in a pinned box taken
-//! from a per-thread pool for its type, and its waker comes from a pool of
-//! the dispatcher's. Only a task that returns `Pending` is parked (its box
-//! goes into the dispatcher's task table, type-erased); its waker then
-//! queues it on the dispatcher and interrupts the dispatcher's wait.
+//! allocates nothing and takes no lock: the task's future is placed in a
+//! pinned box taken from a per-thread pool for its type, and the poll is
+//! lent a waker on the stack, which gives the task an entry in the task
+//! table and a waker from the dispatcher's pool only if the future keeps
+//! or uses it. Only a task that returns `Pending` is parked (its box goes
+//! into the dispatcher's task table, type-erased); its waker then queues
+//! it on the dispatcher and interrupts the dispatcher's wait.
 //!
 //! Threads that are not dispatchers (the blocking pool) run tasks to
 //! completion with [`block_on`].
@@ -24,10 +26,11 @@ use crate::sync::{Mutex, MutexGuard};
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, RawWaker, RawWakerVTable, Wake, Waker};
 
 /// Pinned future boxes kept per type and thread for reuse.
 const MAX_POOLED_PER_TYPE: usize = 64;
@@ -227,32 +230,51 @@ impl Executor {
 
     /// Runs `future` on this dispatcher: polls it now, on the calling
     /// thread, and parks it if it has to wait.
+    ///
+    /// The first poll lends the future a waker that stands for a task not
+    /// yet in the task table: most handlers answer in that poll without
+    /// keeping a waker, and then cost no entry, no pooled waker and none of
+    /// the locks around them. A future that clones the waker, or wakes
+    /// itself, gets the task its entry and real waker at that moment.
     pub fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
-        // A placeholder holds the key while the first poll runs (the task
-        // may spawn others meanwhile).
-        let (key, waker) = {
-            let mut tasks = self.tasks();
-            let entry = tasks.vacant_entry();
-            let key = entry.key();
-            let waker = self.take_waker(key);
-            entry.insert(Parked {
-                future: None,
-                waker: waker.clone(),
-            });
-            (key, Waker::from(waker))
-        };
         let mut boxed = take_box::<F>();
         boxed.set(Some(future));
-        let done = poll_catching(boxed.as_mut(), &mut Context::from_waker(&waker));
-        drop(waker);
+        let first = FirstPoll {
+            exec: self,
+            task: OnceLock::new(),
+        };
+        let done = first.with_waker(|w| poll_catching(boxed.as_mut(), &mut Context::from_waker(w)));
+        let task = first.task.into_inner();
         if done {
             boxed.set(None);
             give_box(boxed);
-            let parked = self.tasks().remove(key);
-            self.give_waker(parked.waker);
+            if let Some((key, waker)) = task {
+                drop(waker);
+                let parked = self.tasks().remove(key);
+                self.give_waker(parked.waker);
+            }
         } else {
+            let key = match task {
+                Some((key, _)) => key,
+                None => self.add_task().0,
+            };
             self.tasks()[key].future = Some(boxed);
         }
+    }
+
+    /// A new entry in the task table, its future still out (being polled
+    /// for the first time; the task may spawn others meanwhile), and its
+    /// waker.
+    fn add_task(&self) -> (usize, Arc<TaskWaker>) {
+        let mut tasks = self.tasks();
+        let entry = tasks.vacant_entry();
+        let key = entry.key();
+        let waker = self.take_waker(key);
+        entry.insert(Parked {
+            future: None,
+            waker: waker.clone(),
+        });
+        (key, waker)
     }
 
     /// Whether tasks were woken since the last [`Executor::run_woken`].
@@ -310,6 +332,69 @@ impl Executor {
         drop(tasks);
     }
 }
+
+/// The waker of a task's first poll ([`Executor::spawn`]), on the spawning
+/// thread's stack: until the future clones it or wakes itself through it,
+/// the task has no entry in the task table.
+struct FirstPoll<'a> {
+    exec: &'a Executor,
+    /// The task's key and waker, once it has them.
+    task: OnceLock<(usize, Arc<TaskWaker>)>,
+}
+
+impl FirstPoll<'_> {
+    /// The task's real waker, made at the first need.
+    fn real(&self) -> &Arc<TaskWaker> {
+        &self.task.get_or_init(|| self.exec.add_task()).1
+    }
+
+    /// Runs `f` with a waker standing for `self`, which cannot outlive
+    /// the call (its clones are real wakers, which do not point here).
+    #[allow(unsafe_code)]
+    fn with_waker<R>(&self, f: impl FnOnce(&Waker) -> R) -> R {
+        let data: *const FirstPoll<'_> = self;
+        // SAFETY: the vtable's functions take `data` as a `&FirstPoll`,
+        // which it is, borrowed for this call: the waker is only lent to
+        // `f` and dropped here (its drop does nothing), and every clone is
+        // a real waker that owns what it points to. `FirstPoll` is `Sync`
+        // (checked below), so calls from other threads during `f` (a
+        // scoped thread given the `&Waker`) are sound.
+        let waker = unsafe { Waker::from_raw(RawWaker::new(data.cast(), &FIRST_POLL)) };
+        f(&waker)
+    }
+}
+
+/// [`FirstPoll::with_waker`]'s waker may be used from any thread.
+const _: () = {
+    const fn is_sync<T: Sync>() {}
+    is_sync::<FirstPoll<'static>>()
+};
+
+/// The vtable of [`FirstPoll::lend`]'s waker.
+static FIRST_POLL: RawWakerVTable =
+    RawWakerVTable::new(first_clone, first_wake, first_wake, first_drop);
+
+/// A clone of a lent waker is the task's real waker.
+#[allow(unsafe_code)]
+unsafe fn first_clone(data: *const ()) -> RawWaker {
+    // SAFETY: `data` is the `&FirstPoll` the waker was lent with, alive for
+    // the poll this is called in (see `FirstPoll::lend`).
+    let first = unsafe { &*data.cast::<FirstPoll<'_>>() };
+    let real = ManuallyDrop::new(Waker::from(first.real().clone()));
+    RawWaker::new(real.data(), real.vtable())
+}
+
+/// A task that wakes itself in its first poll gets its entry, and is woken.
+#[allow(unsafe_code)]
+unsafe fn first_wake(data: *const ()) {
+    // SAFETY: as in `first_clone`.
+    let first = unsafe { &*data.cast::<FirstPoll<'_>>() };
+    first.real().wake_by_ref();
+}
+
+/// The lent waker owns nothing.
+#[allow(unsafe_code)]
+unsafe fn first_drop(_: *const ()) {}
 
 /// Runs `future` to completion on the calling thread, parking it while it
 /// waits. A panic inside is caught: its message is kept for the call's
@@ -458,6 +543,90 @@ mod tests {
         assert!(exec.has_woken());
         assert_eq!(exec.run_woken(), 1);
         assert_eq!(done.load(Ordering::Relaxed), 2);
+        assert_eq!(exec.parked(), 0);
+    }
+
+    /// Polls once, waking itself through its first waker, then finishes.
+    struct YieldOnce(bool);
+    impl Future for YieldOnce {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.0 {
+                return Poll::Ready(());
+            }
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    #[test]
+    fn a_task_that_wakes_itself_in_its_first_poll_runs_again() {
+        let exec = Executor::new(|| {});
+        let done = Arc::new(AtomicU32::new(0));
+        let d = done.clone();
+        exec.spawn(async move {
+            YieldOnce(false).await;
+            d.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(exec.parked(), 1, "pending: parked");
+        assert!(exec.has_woken(), "its own wake queued it");
+        assert_eq!(exec.run_woken(), 1);
+        assert_eq!(done.load(Ordering::Relaxed), 1);
+        assert_eq!(exec.parked(), 0);
+    }
+
+    #[test]
+    fn a_waker_kept_from_the_first_poll_wakes_its_task() {
+        let exec = Executor::new(|| {});
+        // Cloned on another thread while the first poll runs.
+        let gate = Arc::new((AtomicBool::new(false), Mutex::new(None::<Waker>)));
+        let g = gate.clone();
+        let done = Arc::new(AtomicU32::new(0));
+        let d = done.clone();
+        exec.spawn(async move {
+            std::future::poll_fn(|cx| {
+                if g.0.load(Ordering::Acquire) {
+                    return Poll::Ready(());
+                }
+                let waker = cx.waker();
+                let w = std::thread::scope(|s| s.spawn(|| waker.clone()).join().unwrap());
+                *g.1.lock().unwrap() = Some(w);
+                Poll::Pending
+            })
+            .await;
+            d.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(exec.parked(), 1);
+        assert_eq!(exec.run_woken(), 0, "not woken yet");
+        gate.0.store(true, Ordering::Release);
+        let w = gate.1.lock().unwrap().take().unwrap();
+        assert!(w.will_wake(&w.clone()));
+        w.wake();
+        assert_eq!(exec.run_woken(), 1);
+        assert_eq!(done.load(Ordering::Relaxed), 1);
+        assert_eq!(exec.parked(), 0);
+    }
+
+    #[test]
+    fn a_task_that_finishes_holding_a_clone_of_its_waker_leaves_nothing() {
+        let exec = Executor::new(|| {});
+        let kept = Arc::new(Mutex::new(None::<Waker>));
+        let k = kept.clone();
+        exec.spawn(std::future::poll_fn(move |cx| {
+            *k.lock().unwrap() = Some(cx.waker().clone());
+            Poll::Ready(())
+        }));
+        assert_eq!(exec.parked(), 0, "finished: its entry is gone");
+        // A late wake finds no task; a new task still runs normally.
+        kept.lock().unwrap().take().unwrap().wake();
+        assert_eq!(exec.run_woken(), 0);
+        let done = Arc::new(AtomicU32::new(0));
+        let d = done.clone();
+        exec.spawn(async move {
+            d.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(done.load(Ordering::Relaxed), 1);
         assert_eq!(exec.parked(), 0);
     }
 

@@ -33,8 +33,10 @@
 //!
 //! `Arc` and `OnceLock` stay `std`'s in both builds: loom's `Arc` has no
 //! `Weak` and cannot make a `Waker`, and loom has no `OnceLock`; the protocols
-//! checked do not rest on reference counts, and the one `OnceLock` (the
-//! poller's thread handle) is set before the poller looks at any flag.
+//! checked do not rest on reference counts. Of the two `OnceLock`s, the
+//! poller's thread handle is set before the poller looks at any flag, and
+//! a task's first-poll waker (`executor.rs`) is made under the task
+//! table's lock: only its thread's own clone takes it in the models.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};

@@ -571,7 +571,10 @@ impl<F: Fabric> Conn<F> {
             }) => {
                 s.staging.write(staged, len, |buf| write(buf, ack));
                 let corked = s.proto.sent(offset, staged, len, cork);
-                self.post_if_due(&mut s);
+                let held = IN_TURN.get() && !LastFrame::take_post_first(self.qp_num);
+                if s.proto.should_post(held) {
+                    self.post_transmits(&mut s);
+                }
                 Ok(corked && s.proto.is_corked())
             }
             Err(e) => {
@@ -748,6 +751,7 @@ impl<F: Fabric> Conn<F> {
                         return Ok(());
                     }
                     drop(s);
+                    let _last = LastFrame::mark(self.qp_num, at.is_none());
                     self.arrive(
                         Frame {
                             header,

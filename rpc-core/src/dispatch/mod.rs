@@ -36,6 +36,13 @@ use std::time::{Duration, Instant};
 
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 64;
+/// Receives consumed before a turn that finds nothing restocks the shared
+/// receive queue (a busy one restocks at a quarter of its depth, and a
+/// poller about to sleep restocks whatever it owes). Restocking after
+/// every idle turn made each message of a lone call move the queue's count
+/// between the threads that post receives and the peer's writes consuming
+/// them; the depth posted with the dispatcher covers what is owed.
+const IDLE_RESTOCK: u32 = 64;
 /// A decoded incoming frame, copied out of the ring.
 #[derive(Debug)]
 pub(crate) struct Frame {
@@ -414,15 +421,16 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let n = self.cq.poll(batch, POLL_BATCH);
         let _in_turn = InTurn::enter();
         if n == 0 {
-            if *consumed_recvs > 0 && self.replenish(*consumed_recvs).is_ok() {
+            if *consumed_recvs >= IDLE_RESTOCK && self.replenish(*consumed_recvs).is_ok() {
                 *consumed_recvs = 0;
             }
             return 0;
         }
-        for c in batch.iter() {
+        for (i, c) in batch.iter().enumerate() {
             if let CompletionKind::RecvImm { .. } = c.kind {
                 *consumed_recvs += 1;
             }
+            LAST_COMPLETION.set(i + 1 == n);
             // A bug met while handling one connection's completion ends
             // that connection, not the thread that polls everyone's.
             let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -611,6 +619,10 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             };
             self.cq.arm();
             let found = self.turn(&mut st);
+            // Owe nothing while asleep.
+            if st.consumed_recvs > 0 && self.replenish(st.consumed_recvs).is_ok() {
+                st.consumed_recvs = 0;
+            }
             drop(st);
             if found > 0 || self.exec.as_ref().is_some_and(|e| e.has_woken()) {
                 idle_since = None;
@@ -721,6 +733,12 @@ thread_local! {
     /// writes are staged (another thread's could wait on a batch that
     /// already ended).
     static IN_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether the completion this thread's turn is handling is the turn's
+    /// last (see [`LastFrame`]).
+    static LAST_COMPLETION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The connection whose last frame of a turn is being delivered, until
+    /// the first write staged on it (see [`LastFrame`]).
+    static POST_FIRST: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     /// The clock as first read in this thread's current turn (see [`turn_now`]).
     static TURN_NOW: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
     /// How many calls awaited on this thread have finished (see
@@ -760,21 +778,60 @@ pub(crate) fn turn_now() -> Instant {
 
 /// Marks this thread as handling a batch while it lives; restores what was
 /// there before (a turn may nest: an inline handler's own blocking call).
-struct InTurn(bool);
+struct InTurn(bool, bool, Option<u32>);
 
 impl InTurn {
     fn enter() -> InTurn {
         TURN_NOW.set(None);
-        InTurn(IN_TURN.replace(true))
+        InTurn(
+            IN_TURN.replace(true),
+            LAST_COMPLETION.replace(false),
+            POST_FIRST.replace(None),
+        )
     }
 }
 
 impl Drop for InTurn {
     fn drop(&mut self) {
         IN_TURN.set(self.0);
+        LAST_COMPLETION.set(self.1);
+        POST_FIRST.set(self.2);
         // A turn that ends inside another (a handler's blocking call) took
         // time: the outer one reads the clock afresh.
         TURN_NOW.set(None);
+    }
+}
+
+/// Delivers the last frame of a turn: nothing else this turn holds can
+/// join the write its answer causes, so the first write staged meanwhile
+/// (an inline handler's response, typically) is posted at once instead of
+/// after the call's teardown and the rest of the turn. Later writes are
+/// batched as before (a stream's messages, written in one poll, go
+/// together at the turn's end).
+pub(super) struct LastFrame(Option<u32>);
+
+impl LastFrame {
+    /// Marks the frame of connection `qp_num` about to be delivered, the
+    /// last of its write when `last_of_write`, until dropped.
+    pub(super) fn mark(qp_num: u32, last_of_write: bool) -> LastFrame {
+        let last = last_of_write && LAST_COMPLETION.get();
+        LastFrame(POST_FIRST.replace(last.then_some(qp_num)))
+    }
+
+    /// Whether a write staged now on connection `qp_num`, in a turn, is to
+    /// be posted at once (the first one per frame marked).
+    pub(super) fn take_post_first(qp_num: u32) -> bool {
+        if POST_FIRST.get() != Some(qp_num) {
+            return false;
+        }
+        POST_FIRST.set(None);
+        true
+    }
+}
+
+impl Drop for LastFrame {
+    fn drop(&mut self) {
+        POST_FIRST.set(self.0);
     }
 }
 
