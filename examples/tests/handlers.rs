@@ -20,6 +20,7 @@ use examples::services::KvStore;
 use rpc_core::{Channel, Code, Request, Response, Server, ServerBuilder, Status, UnaryCall};
 use std::collections::{HashMap, HashSet};
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::Duration;
@@ -442,14 +443,14 @@ on_every_fabric! {
 /// client to say it has the answer, and note whether it did.
 #[derive(Clone, Default)]
 struct Teardown {
-    answered: Arc<std::sync::atomic::AtomicBool>,
+    answered: Arc<AtomicBool>,
     seen: Arc<Mutex<Vec<bool>>>,
 }
 
 /// A reply payload that reports its drop to [`Teardown`].
 struct Watched {
     bytes: Vec<u8>,
-    answered: Arc<std::sync::atomic::AtomicBool>,
+    answered: Arc<AtomicBool>,
     seen: Arc<Mutex<Vec<bool>>>,
 }
 
@@ -463,7 +464,7 @@ impl Drop for Watched {
     fn drop(&mut self) {
         let until = std::time::Instant::now() + Duration::from_secs(2);
         let answered = loop {
-            if self.answered.load(std::sync::atomic::Ordering::Acquire) {
+            if self.answered.load(Ordering::Acquire) {
                 break true;
             }
             if std::time::Instant::now() >= until {
@@ -508,10 +509,10 @@ on_every_fabric! {
         let server = one_dispatcher(url, |b| b.add_service(EchoServer::new(service.clone())));
         let client = EchoClient::new(channel(server.local_url()));
         for i in 0..3u8 {
-            service.answered.store(false, std::sync::atomic::Ordering::Release);
+            service.answered.store(false, Ordering::Release);
             let reply = call(&client, &[i; 16], &[]).wait().unwrap();
             assert_eq!(reply.get_ref().payload, [i; 16][..]);
-            service.answered.store(true, std::sync::atomic::Ordering::Release);
+            service.answered.store(true, Ordering::Release);
             eventually("the reply's payload to be dropped", || {
                 service.seen.lock().unwrap().len() == usize::from(i) + 1
             });

@@ -370,7 +370,7 @@ const _: () = {
     is_sync::<FirstPoll<'static>>()
 };
 
-/// The vtable of [`FirstPoll::lend`]'s waker.
+/// The vtable of [`FirstPoll::with_waker`]'s waker.
 static FIRST_POLL: RawWakerVTable =
     RawWakerVTable::new(first_clone, first_wake, first_wake, first_drop);
 
@@ -378,7 +378,7 @@ static FIRST_POLL: RawWakerVTable =
 #[allow(unsafe_code)]
 unsafe fn first_clone(data: *const ()) -> RawWaker {
     // SAFETY: `data` is the `&FirstPoll` the waker was lent with, alive for
-    // the poll this is called in (see `FirstPoll::lend`).
+    // the poll this is called in (see `FirstPoll::with_waker`).
     let first = unsafe { &*data.cast::<FirstPoll<'_>>() };
     let real = ManuallyDrop::new(Waker::from(first.real().clone()));
     RawWaker::new(real.data(), real.vtable())

@@ -572,9 +572,7 @@ impl<F: Fabric> Conn<F> {
                 s.staging.write(staged, len, |buf| write(buf, ack));
                 let corked = s.proto.sent(offset, staged, len, cork);
                 let held = IN_TURN.get() && !LastFrame::take_post_first(self.qp_num);
-                if s.proto.should_post(held) {
-                    self.post_transmits(&mut s);
-                }
+                self.post_unless_held(&mut s, held);
                 Ok(corked && s.proto.is_corked())
             }
             Err(e) => {
@@ -614,7 +612,13 @@ impl<F: Fabric> Conn<F> {
     /// Posts what the sender handed out, unless it is held (corked, or
     /// batched by the dispatcher turn running on this thread).
     fn post_if_due(&self, s: &mut SendState<F>) {
-        if s.proto.should_post(IN_TURN.get()) {
+        self.post_unless_held(s, IN_TURN.get());
+    }
+
+    /// [`Conn::post_if_due`], with `in_batch_turn` saying whether the
+    /// dispatcher's turn holds writes now.
+    fn post_unless_held(&self, s: &mut SendState<F>, in_batch_turn: bool) {
+        if s.proto.should_post(in_batch_turn) {
             self.post_transmits(s);
         }
     }

@@ -298,9 +298,12 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         self.close(conn, why);
     }
 
-    /// Posts receives in place of `consumed` ones (see [`SrqProvision`]).
-    fn replenish(&self, consumed: u32) -> Result<(), Status> {
-        self.srq.replenish(&self.fabric, consumed)
+    /// Posts receives in place of the `owed` consumed ones (see
+    /// [`SrqProvision`]) and clears the count; on error it stays owed.
+    fn restock(&self, owed: &mut u32) -> Result<(), Status> {
+        self.srq.replenish(&self.fabric, *owed)?;
+        *owed = 0;
+        Ok(())
     }
 
     /// Takes note of a connection that [`Conn::send_corked`] corked: the
@@ -421,8 +424,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         let n = self.cq.poll(batch, POLL_BATCH);
         let _in_turn = InTurn::enter();
         if n == 0 {
-            if *consumed_recvs >= IDLE_RESTOCK && self.replenish(*consumed_recvs).is_ok() {
-                *consumed_recvs = 0;
+            if *consumed_recvs >= IDLE_RESTOCK {
+                let _ = self.restock(consumed_recvs);
             }
             return 0;
         }
@@ -448,11 +451,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         }
         // Keep the SRQ stocked well above what is in flight.
         if *consumed_recvs >= self.config.srq_depth / 4 {
-            match self.replenish(*consumed_recvs) {
-                Ok(()) => *consumed_recvs = 0,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot replenish the shared receive queue")
-                }
+            if let Err(e) = self.restock(consumed_recvs) {
+                tracing::error!(error = %e, "cannot replenish the shared receive queue")
             }
         }
         n
@@ -620,8 +620,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
             self.cq.arm();
             let found = self.turn(&mut st);
             // Owe nothing while asleep.
-            if st.consumed_recvs > 0 && self.replenish(st.consumed_recvs).is_ok() {
-                st.consumed_recvs = 0;
+            if st.consumed_recvs > 0 {
+                let _ = self.restock(&mut st.consumed_recvs);
             }
             drop(st);
             if found > 0 || self.exec.as_ref().is_some_and(|e| e.has_woken()) {
