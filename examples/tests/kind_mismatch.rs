@@ -30,7 +30,12 @@ on_every_fabric! {
             .wait()
             .unwrap_err();
         assert_eq!(status.code(), Code::Internal, "{status}");
-        assert!(status.message().contains("answered this unary call with a stream"), "{status}");
+        assert!(
+            status.message().starts_with(
+                "/echo.Echo/Stream is a server-streaming method on this server, called as unary"
+            ),
+            "{status}"
+        );
         // The call in flight and new ones on the same channel are served.
         let reply = in_flight.wait().unwrap();
         assert_eq!(reply.get_ref().payload, &b"in flight"[..]);
@@ -79,13 +84,135 @@ on_every_fabric! {
             codegen::server_streaming::<_, EchoReply>(&channel, unary_as_stream, request);
         let status = stream.blocking_message().unwrap_err();
         assert_eq!(status.code(), Code::Internal, "{status}");
-        assert!(status.message().contains("answered this streaming call with a single response"), "{status}");
+        assert!(
+            status.message().starts_with(
+                "/echo.Echo/Echo is a unary method on this server, called as server-streaming"
+            ),
+            "{status}"
+        );
         // The connection serves on.
         let reply = EchoClient::new(channel)
             .echo(Request::new(EchoRequest { payload: b"next".to_vec().into() }))
             .wait()
             .unwrap();
         assert_eq!(reply.get_ref().payload, &b"next"[..]);
+        server.shutdown();
+    }
+}
+
+/// The calls on `channel` after a refused one: a unary call that was in
+/// flight meanwhile, then new ones, are all answered.
+fn serves_on(client: &EchoClient, in_flight: rpc_core::client::UnaryCall<EchoReply>) {
+    let reply = in_flight.wait().unwrap();
+    assert_eq!(reply.get_ref().payload, &b"in flight"[..]);
+    for i in 0..20u32 {
+        let payload = i.to_le_bytes().to_vec();
+        let reply = client
+            .echo(Request::new(EchoRequest {
+                payload: payload.clone().into(),
+            }))
+            .wait()
+            .unwrap();
+        assert_eq!(reply.get_ref().payload, payload);
+    }
+}
+
+/// A unary call on `client` that the server answers after 300 ms.
+fn slow_call(client: &EchoClient) -> rpc_core::client::UnaryCall<EchoReply> {
+    let mut slow = echo_request("slow", b"in flight".to_vec(), &[("sleep-ms", "300")]);
+    slow.set_timeout(Duration::from_secs(10));
+    client.echo(slow)
+}
+
+on_every_fabric! {
+    fn a_request_stream_to_a_method_that_takes_none_fails_that_call_only(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let channel = channel(server.local_url());
+        let client = EchoClient::new(channel.clone());
+        let in_flight = slow_call(&client);
+        // The server streams `Stream`'s responses, from one request; this
+        // client streams requests to it. Before the server said so by its
+        // kind, the first request message closed the connection.
+        let as_client_stream = described("/echo.Echo/Stream", MethodKind::ClientStreaming);
+        let (mut tx, call) = codegen::client_streaming_sender::<StreamRequest, EchoReply>(
+            &channel,
+            as_client_stream,
+            Request::new(()),
+        );
+        // Sends succeed until the refusal arrives, then fail with it.
+        let mut refused = None;
+        for count in 0..64 {
+            if let Err(status) = tx.send(StreamRequest { count, size: 8 }) {
+                refused = Some(status);
+                break;
+            }
+        }
+        if refused.is_none() {
+            let _ = tx.close();
+        }
+        let status = call.wait().unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{status}");
+        assert!(
+            status.message().starts_with(
+                "/echo.Echo/Stream is a server-streaming method on this server, \
+                 called as client-streaming"
+            ),
+            "{status}"
+        );
+        if let Some(sent) = refused {
+            assert_eq!(sent.code(), Code::Internal, "{sent}");
+        }
+        serves_on(&client, in_flight);
+        server.shutdown();
+    }
+}
+
+on_every_fabric! {
+    fn a_stream_to_a_unary_method_fails_without_an_answer(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let channel = channel(server.local_url());
+        let client = EchoClient::new(channel.clone());
+        let in_flight = slow_call(&client);
+        // A client-streaming call to the unary `Echo`. Before the server
+        // checked the kind, it ran `Echo` on an empty request and the
+        // client took its echo for the answer.
+        let as_client_stream = described("/echo.Echo/Echo", MethodKind::ClientStreaming);
+        let (mut tx, call) = codegen::client_streaming_sender::<EchoRequest, EchoReply>(
+            &channel,
+            as_client_stream,
+            Request::new(()),
+        );
+        let _ = tx.send(EchoRequest { payload: b"one".to_vec().into() });
+        let _ = tx.close();
+        let status = call.wait().unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{status}");
+        assert!(
+            status.message().starts_with(
+                "/echo.Echo/Echo is a unary method on this server, called as client-streaming"
+            ),
+            "{status}"
+        );
+        // A bidirectional one, read before anything is sent.
+        let as_bidi = described("/echo.Echo/Echo", MethodKind::Streaming);
+        let (_tx, mut responses) = codegen::streaming_sender::<EchoRequest, EchoReply>(
+            &channel,
+            as_bidi,
+            Request::new(()),
+        );
+        let status = responses.blocking_message().unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{status}");
+        assert!(
+            status.message().starts_with(
+                "/echo.Echo/Echo is a unary method on this server, called as \
+                 bidirectional-streaming"
+            ),
+            "{status}"
+        );
+        let entered = probe.seen().entered.clone();
+        assert!(entered.iter().all(|t| t == "slow"), "a refused call ran: {entered:?}");
+        serves_on(&client, in_flight);
         server.shutdown();
     }
 }

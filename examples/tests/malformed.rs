@@ -25,7 +25,7 @@ use rpc_core::fabric::{
 use rpc_core::testing::protocol::{
     ALIGN, CallId, Doorbell, FrameKind, HEADER_LEN, Header, align_up,
 };
-use rpc_core::{Code, ServerHandle};
+use rpc_core::{Code, MethodKind, ServerHandle};
 use std::time::{Duration, Instant};
 
 /// Size of the raw peer's receive ring (and of its staging area).
@@ -230,7 +230,7 @@ fn request_header(
     payload_len: usize,
 ) -> Header {
     Header {
-        flags: 0,
+        flags: Header::kind_flags(kind_of(method_id)),
         kind: FrameKind::Request,
         status: 0,
         method_id,
@@ -240,6 +240,19 @@ fn request_header(
         timeout_us: 0,
         ack: 0,
     }
+}
+
+/// The kind of the echo, route guide or health `Watch` method
+/// `method_id` (unary for any other), which a well-formed request says.
+fn kind_of(method_id: u32) -> MethodKind {
+    if method_id == WATCH {
+        return MethodKind::ServerStreaming;
+    }
+    [&ECHO, &examples::routeguide::route_guide_server::DESCRIPTOR]
+        .iter()
+        .flat_map(|service| service.methods.iter())
+        .find(|m| m.id == method_id)
+        .map_or(MethodKind::Unary, |m| m.kind)
 }
 
 /// A well-formed request frame.

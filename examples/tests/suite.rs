@@ -1113,6 +1113,68 @@ on_every_fabric! {
 }
 
 on_every_fabric! {
+    /// Streams waiting for room on a full connection open one per stream
+    /// that ends, in the order they asked: each end wakes only the stream
+    /// it hands its place to, so a long queue costs each waiter a few
+    /// polls, not one per stream ahead of it.
+    fn streams_waiting_for_room_open_in_turn_each_woken_once(url: &str) {
+        use futures::StreamExt;
+        use rpc_core::health::HealthClient;
+        const WAITING: usize = 64;
+        let probe = Probe::new();
+        let (_reporter, health) = rpc_core::health::service();
+        let server = serve(
+            test_server(&probe).max_concurrent_streams(1).add_service(health),
+            url,
+        );
+        let health = HealthClient::new(channel(server.local_url()));
+        let mut held = health.watch("");
+        held.blocking_message().unwrap().expect("a first status");
+        let queued = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let waiters = {
+            let (health, queued) = (health.clone(), queued.clone());
+            std::thread::spawn(move || {
+                let order = std::cell::RefCell::new(Vec::new());
+                let streams = (0..WAITING).map(|i| {
+                    let (health, order, queued) = (&health, &order, &queued);
+                    async move {
+                        let mut stream = health.watch("");
+                        let mut polls = 0;
+                        let first = futures::future::poll_fn(|cx| {
+                            polls += 1;
+                            if polls == 1 {
+                                queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            }
+                            stream.poll_next_unpin(cx)
+                        })
+                        .await;
+                        first.expect("a status").expect("not an error");
+                        order.borrow_mut().push(i);
+                        // Its end hands the place to the next.
+                        drop(stream);
+                        polls
+                    }
+                });
+                let polls = futures::executor::block_on(futures::future::join_all(streams));
+                (order.into_inner(), polls)
+            })
+        };
+        let all_queued = queued.clone();
+        bounded("the streams queue", move || {
+            while all_queued.load(std::sync::atomic::Ordering::SeqCst) < WAITING {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        drop(held);
+        let (order, polls) = waiters.join().unwrap();
+        assert_eq!(order, (0..WAITING).collect::<Vec<_>>(), "in the order they asked");
+        let most = polls.iter().max().copied().unwrap_or(0);
+        assert!(most <= 6, "a waiting stream was polled {most} times: {polls:?}");
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
+on_every_fabric! {
     /// A cancelled call's handler future is dropped, as tonic drops it:
     /// whether the client drops the call or its deadline passes, and
     /// whether the handler runs on a dispatcher or on the blocking pool.

@@ -545,7 +545,10 @@ mod tests {
         use rpc_core::codegen::prost::Message;
         let frame = |kind, method: usize, timeout_us, md: &[u8], payload: &[u8]| {
             let h = Header {
-                flags: 0,
+                flags: match kind {
+                    FrameKind::Request if method < 4 => Header::kind_flags(METHODS[method].kind),
+                    _ => 0,
+                },
                 kind,
                 status: 0,
                 method_id: if method < 4 { METHODS[method].id } else { 0 },

@@ -282,6 +282,7 @@ impl Local {
                 payload: first.map(Vec::from).unwrap_or_default().into(),
                 sink: to_face,
                 remote: &head.remote,
+                kind: None,
             },
         );
         Started {
@@ -429,6 +430,7 @@ impl CallOwner for FaceOwner {
             .fail(Status::cancelled("the gRPC caller cancelled the call"));
         let cancel = OutFrame {
             kind: FrameKind::Cancel,
+            flags: 0,
             call_id,
             method_id: 0,
             status: 0,

@@ -661,6 +661,7 @@ impl ServerCall {
         }
         let frame = OutFrame {
             kind: FrameKind::Response,
+            flags: 0,
             call_id: self.call_id,
             method_id: self.method_id,
             status: 0,
@@ -709,6 +710,7 @@ fn send_error(sink: &dyn Link, call_id: CallId, method_id: u32, status: &Status)
         let message = &message[..message.len().min(4096)];
         let frame = OutFrame {
             kind: FrameKind::Error,
+            flags: 0,
             call_id,
             method_id,
             status: status.code() as u16,
@@ -1608,6 +1610,16 @@ fn fallback_kind(metadata: &Metadata) -> Option<MethodKind> {
     })
 }
 
+/// How a status names a method's `kind`.
+fn kind_name(kind: MethodKind) -> &'static str {
+    match kind {
+        MethodKind::Unary => "unary",
+        MethodKind::ServerStreaming => "server-streaming",
+        MethodKind::ClientStreaming => "client-streaming",
+        MethodKind::Streaming => "bidirectional-streaming",
+    }
+}
+
 /// The [`FALLBACK_KIND`] value of `kind`.
 pub(crate) fn fallback_kind_name(kind: MethodKind) -> &'static str {
     match kind {
@@ -1679,6 +1691,10 @@ pub(crate) struct NewCall<'a> {
     /// Where the call's answer and stream frames go.
     pub(crate) sink: Arc<dyn Link>,
     pub(crate) remote: &'a Arc<crate::Peer>,
+    /// The kind of call the client opened, where its protocol says (our
+    /// `Request` frames do; gRPC's do not): a call of another kind than
+    /// the method's is refused.
+    pub(crate) kind: Option<MethodKind>,
 }
 
 impl ServerShared {
@@ -1700,6 +1716,7 @@ impl ServerShared {
             payload,
             sink,
             remote,
+            kind,
         } = incoming;
         self.inflight.fetch_add(1, Ordering::AcqRel);
         let deadline =
@@ -1752,6 +1769,18 @@ impl ServerShared {
             if let Err(status) = self.interceptors.run(route.path, &mut call.metadata, peer) {
                 return call.reply_err(&status);
             }
+        }
+        // A client built from another version of the .proto: its frames
+        // would be read by the wrong rules (its request stream taken for
+        // a protocol violation, or a single answer for its stream's end).
+        if let Some(asked) = kind.filter(|&k| k != route.kind) {
+            return call.reply_err(&Status::internal(format!(
+                "{} is a {} method on this server, called as {}: build the client from the \
+                 server's .proto",
+                route.path,
+                kind_name(route.kind),
+                kind_name(asked),
+            )));
         }
         // A stream, or a call handed to another thread, is registered now:
         // its next frames may arrive before its handler runs.
@@ -1871,6 +1900,7 @@ impl<F: Fabric> Role<F> for ServerRole {
                 payload: frame.payload,
                 sink,
                 remote: &conn.remote,
+                kind: Some(h.call_kind()),
             },
         );
     }

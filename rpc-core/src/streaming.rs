@@ -159,6 +159,7 @@ pub(crate) fn send_control(
 ) -> Result<(), Status> {
     let frame = OutFrame {
         kind,
+        flags: 0,
         call_id,
         method_id: 0,
         status: 0,
@@ -807,6 +808,7 @@ impl Outbox {
     fn message_frame(&self, count: u32, payload_len: usize) -> OutFrame<'_> {
         OutFrame {
             kind: FrameKind::Message,
+            flags: 0,
             call_id: self.call_id,
             method_id: self.method_id,
             status: 0,

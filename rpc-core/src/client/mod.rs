@@ -14,6 +14,7 @@ use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
 use crate::interceptor::{Chain, Interceptor};
 use crate::observe::{CallObs, TRACEPARENT};
+use crate::protocol::header::Header;
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, CallTable, FrameKind};
 use crate::slot::SlotPool;
@@ -780,6 +781,31 @@ impl Handle {
             .find_map(|c| c.streams.open_or_wake(waiting, waker).map(|p| (c, p)))
     }
 
+    /// Of the places `handed` to a waiting stream, one on `picked` or on
+    /// another of the channel's live connections, with that connection;
+    /// the others go on to the next streams waiting for them.
+    fn handed_place(
+        &self,
+        picked: &Arc<Connection>,
+        handed: Vec<StreamPermit>,
+    ) -> Option<(Arc<Connection>, StreamPermit)> {
+        if handed.is_empty() {
+            return None;
+        }
+        let targets = self.targets.load();
+        handed.into_iter().find_map(|permit| {
+            let conn = if permit.is_on(&picked.streams) {
+                Some(picked.clone())
+            } else {
+                targets
+                    .iter()
+                    .filter_map(|t| t.usable())
+                    .find(|c| c.is_alive() && permit.is_on(&c.streams))
+            };
+            conn.map(|c| (c, permit))
+        })
+    }
+
     /// `target`'s live connection, if it serves; a dead one is taken out.
     fn pick_from(self: &Arc<Self>, target: &Arc<Target>) -> Result<Arc<Connection>, Status> {
         match target.usable() {
@@ -1451,9 +1477,13 @@ impl Channel {
                     return Attempt::Done(Err(status));
                 }
             };
-            let opened = match conn.streams.open_or_wake(&waiting, waker) {
-                Some(permit) => Some((conn.clone(), permit)),
-                None => handle.open_elsewhere(&conn, &waiting, waker),
+            // A place a stream's end handed over, or one free now.
+            let opened = match handle.handed_place(&conn, waiting.take_handed()) {
+                Some(handed) => Some(handed),
+                None => match conn.streams.open_or_wake(&waiting, waker) {
+                    Some(permit) => Some((conn.clone(), permit)),
+                    None => handle.open_elsewhere(&conn, &waiting, waker),
+                },
             };
             let Some((conn, permit)) = opened else {
                 full = Some(conn.streams.max());
@@ -1474,6 +1504,15 @@ impl Channel {
                     Err(status)
                 }
             })
+        };
+        // Once it started or gave up, the places handed to it go on.
+        let finishing = on_ready.clone();
+        let mut try_start = move |waker: &Waker| {
+            let attempt = try_start(waker);
+            if matches!(attempt, Attempt::Done(_)) {
+                finishing.finish();
+            }
+            attempt
         };
         // The waker the deadline wakes while the stream waits for room.
         let mut timer: Option<Waker> = None;
@@ -1871,6 +1910,7 @@ impl<F: Fabric> Client<F> {
         let (id, at) = self.register(Waiter::Unary(slot.clone()), timeout);
         let frame = OutFrame {
             kind: FrameKind::Request,
+            flags: 0,
             call_id: id,
             method_id,
             status: 0,
@@ -1912,6 +1952,7 @@ impl<F: Fabric> Client<F> {
         let (id, _) = self.register(waiter, timeout);
         let frame = OutFrame {
             kind: FrameKind::Request,
+            flags: Header::kind_flags(method.kind),
             call_id: id,
             method_id: method.id,
             status: 0,

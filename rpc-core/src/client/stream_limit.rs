@@ -3,6 +3,7 @@
 //! beyond them waits until one of the connection's streams ends, as an
 //! HTTP/2 client waits for `SETTINGS_MAX_CONCURRENT_STREAMS`.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
@@ -15,15 +16,17 @@ const SWEEP_AT: usize = 64;
 pub(super) struct StreamLimit {
     /// Streams at most; 0 for no limit.
     max: u32,
+    /// Places taken: by open streams, and by places handed to a waiting
+    /// stream that has not taken them up yet.
     open: AtomicU32,
     waiters: Mutex<Waiters>,
 }
 
-/// Streams waiting for something, held weakly: one that gave up is never
-/// woken, and is swept out as the list grows.
+/// Streams waiting for something, in the order they came, held weakly:
+/// one that gave up is never woken, and is swept out as the list grows.
 #[derive(Debug, Default)]
 pub(super) struct Waiters {
-    list: Vec<Weak<Waiting>>,
+    list: VecDeque<Weak<Waiting>>,
     /// Length at which the list is next swept of waiters that gave up.
     sweep_at: usize,
 }
@@ -36,7 +39,7 @@ impl Waiters {
             self.list.retain(|w| w.strong_count() > 0);
             self.sweep_at = self.list.len() * 2;
         }
-        self.list.push(Arc::downgrade(waiting));
+        self.list.push_back(Arc::downgrade(waiting));
     }
 
     /// The waiters still there, which stay listed (those that gave up go).
@@ -52,28 +55,31 @@ impl Waiters {
         live
     }
 
-    /// The waiters still there, taken off the list.
-    fn take(&mut self) -> Vec<Arc<Waiting>> {
-        std::mem::take(&mut self.list)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect()
+    /// The longest-waiting waiter still there, taken off the list.
+    fn pop_live(&mut self) -> Option<Arc<Waiting>> {
+        std::iter::from_fn(|| self.list.pop_front()).find_map(|w| w.upgrade())
     }
 }
 
 /// A stream waiting for room: what to wake (each task that polls it: a
-/// stream's `Streaming` and its `RequestSender` may wait in two). Its
-/// opener holds it, the limits only a weak reference, so one that gave up
-/// costs nothing and is never woken.
+/// stream's `Streaming` and its `RequestSender` may wait in two), and the
+/// places handed to it. Its opener holds it, the limits only a weak
+/// reference, so one that gave up costs nothing and is never woken.
 #[derive(Debug, Default)]
 pub(super) struct Waiting(Mutex<WaitingState>);
 
 #[derive(Debug, Default)]
 struct WaitingState {
     wakers: Vec<Waker>,
-    /// The limits whose lists it is in (their addresses), each until a
-    /// stream's end there takes its list.
+    /// The limits whose lists it is in (their addresses), each until that
+    /// limit hands it a place.
     listed_on: Vec<usize>,
+    /// Places handed to it by streams that ended, until it takes one up;
+    /// any it does not take go on to the next stream waiting there when
+    /// dropped.
+    handed: Vec<StreamPermit>,
+    /// It started, or gave up: it takes no more places.
+    done: bool,
 }
 
 impl Waiting {
@@ -82,6 +88,22 @@ impl Waiting {
     pub(super) fn wake(&self) {
         let wakers = std::mem::take(&mut lock(&self.0).wakers);
         wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// The places handed to this stream since it last looked.
+    pub(super) fn take_handed(&self) -> Vec<StreamPermit> {
+        std::mem::take(&mut lock(&self.0).handed)
+    }
+
+    /// The stream started or gave up: it takes no more places, and those
+    /// handed to it meanwhile go on to the next streams waiting.
+    pub(super) fn finish(&self) {
+        let handed = {
+            let mut st = lock(&self.0);
+            st.done = true;
+            std::mem::take(&mut st.handed)
+        };
+        drop(handed);
     }
 }
 
@@ -128,7 +150,8 @@ impl StreamLimit {
     }
 
     /// A place for one more stream, or, if none is free, `waker` woken
-    /// (through `waiting`) once a stream of the connection ends.
+    /// (through `waiting`) once a stream of the connection ends and hands
+    /// its place to `waiting` ([`Waiting::take_handed`]).
     pub(super) fn open_or_wake(
         self: &Arc<Self>,
         waiting: &Arc<Waiting>,
@@ -152,26 +175,51 @@ impl StreamLimit {
         if list {
             lock(&self.waiters).push(waiting);
         }
-        // A stream that ended before the waker was in place.
+        // A stream that ended before this one was listed gave its place
+        // back rather than hand it on (see `close_one`).
         self.try_open()
     }
 
-    /// This limit's address, which names it in [`Waiting::listed_on`].
+    /// This limit's address, which names it in [`WaitingState::listed_on`].
     fn address(&self) -> usize {
         std::ptr::from_ref(self) as usize
     }
 
-    fn close_one(&self) {
-        self.open.fetch_sub(1, Ordering::AcqRel);
+    /// A stream's place is free: it goes to the stream that has waited
+    /// longest here, which alone is woken; with none waiting, it is given
+    /// back. Deciding under the list's lock makes a stream being listed
+    /// meanwhile either be handed the place or find it free.
+    fn close_one(self: &Arc<Self>) {
         let here = self.address();
-        let list = lock(&self.waiters).take();
-        for waiting in list {
-            let wakers = {
-                let mut st = lock(&waiting.0);
-                st.listed_on.retain(|&l| l != here);
-                std::mem::take(&mut st.wakers)
-            };
+        // What leaves the lock: the waiter handed the place and its wakers,
+        // and any that finished meanwhile (dropped outside the lock: the
+        // last reference to a waiter drops the places it holds).
+        let mut passed_over = Vec::new();
+        let handed_to = {
+            let mut waiters = lock(&self.waiters);
+            loop {
+                let Some(waiting) = waiters.pop_live() else {
+                    self.open.fetch_sub(1, Ordering::AcqRel);
+                    break None;
+                };
+                let wakers = {
+                    let mut st = lock(&waiting.0);
+                    st.listed_on.retain(|&l| l != here);
+                    (!st.done).then(|| {
+                        st.handed.push(StreamPermit(Some(self.clone())));
+                        std::mem::take(&mut st.wakers)
+                    })
+                };
+                match wakers {
+                    Some(wakers) => break Some((waiting, wakers)),
+                    None => passed_over.push(waiting),
+                }
+            }
+        };
+        drop(passed_over);
+        if let Some((waiting, wakers)) = handed_to {
             wakers.into_iter().for_each(Waker::wake);
+            drop(waiting);
         }
     }
 }
@@ -182,9 +230,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// One open stream's place on its connection, given back when dropped: when
 /// the stream's call leaves the client's table, after its end arrived or
-/// after its cancel was sent (the server counts it until then).
+/// after its cancel was sent (the server counts it until then). A place
+/// handed to a waiting stream that does not take it up goes on the same
+/// way.
 #[derive(Debug)]
 pub(super) struct StreamPermit(Option<Arc<StreamLimit>>);
+
+impl StreamPermit {
+    /// Whether this is a place on `limit`.
+    pub(super) fn is_on(&self, limit: &Arc<StreamLimit>) -> bool {
+        self.0.as_ref().is_some_and(|l| Arc::ptr_eq(l, limit))
+    }
+}
 
 impl Drop for StreamPermit {
     fn drop(&mut self) {
@@ -232,8 +289,128 @@ mod tests {
         assert_eq!(woken.0.load(Ordering::SeqCst), 0);
         drop(a);
         assert_eq!(woken.0.load(Ordering::SeqCst), 1, "an end wakes it, once");
-        let _c = limit.open_or_wake(&waiting, &waker).expect("then it opens");
-        assert!(limit.try_open().is_none(), "and the limit holds again");
+        let mut handed = waiting.take_handed();
+        assert_eq!(handed.len(), 1, "and hands it the place");
+        assert!(handed[0].is_on(&limit));
+        assert!(limit.try_open().is_none(), "which no one else takes");
+        let _c = handed.pop();
+        waiting.finish();
+        assert!(limit.try_open().is_none(), "and the limit holds");
+    }
+
+    #[test]
+    fn an_end_wakes_only_the_stream_that_waited_longest() {
+        let limit = StreamLimit::new(1);
+        let held = limit.try_open().unwrap();
+        let waiters: Vec<_> = (0..100)
+            .map(|_| {
+                let (woken, waker) = counter();
+                let waiting = Arc::new(Waiting::default());
+                assert!(limit.open_or_wake(&waiting, &waker).is_none());
+                (woken, waiting)
+            })
+            .collect();
+        drop(held);
+        let woken: Vec<_> = waiters
+            .iter()
+            .map(|(w, _)| w.0.load(Ordering::SeqCst))
+            .collect();
+        assert_eq!(woken[0], 1, "the first waiter");
+        assert_eq!(woken[1..].iter().sum::<usize>(), 0, "and no other");
+        // Each end passes the place on, in order.
+        for (i, (_, waiting)) in waiters.iter().enumerate() {
+            let handed = waiting.take_handed();
+            assert_eq!(handed.len(), 1, "waiter {i}");
+            waiting.finish();
+            drop(handed);
+            if let Some((next, _)) = waiters.get(i + 1) {
+                assert_eq!(next.0.load(Ordering::SeqCst), 1, "waiter {}", i + 1);
+            }
+        }
+        assert!(limit.try_open().is_some(), "the last end gives it back");
+    }
+
+    #[test]
+    fn a_place_is_not_handed_to_a_stream_that_no_longer_waits() {
+        let limit = StreamLimit::new(1);
+        let held = limit.try_open().unwrap();
+        let started = Arc::new(Waiting::default());
+        let next = Arc::new(Waiting::default());
+        let (woken, waker) = counter();
+        assert!(limit.open_or_wake(&started, &waker).is_none());
+        assert!(limit.open_or_wake(&next, &waker).is_none());
+        // The first started on another connection before this end.
+        started.finish();
+        drop(held);
+        assert!(started.take_handed().is_empty(), "passed over");
+        assert_eq!(next.take_handed().len(), 1, "the next is handed it");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "and alone woken");
+    }
+
+    #[test]
+    fn places_handed_to_a_stream_that_started_elsewhere_go_on() {
+        let (a, b) = (StreamLimit::new(1), StreamLimit::new(1));
+        let (held_a, held_b) = (a.try_open().unwrap(), b.try_open().unwrap());
+        let both = Arc::new(Waiting::default());
+        let (behind_a, behind_b) = (Arc::new(Waiting::default()), Arc::new(Waiting::default()));
+        let (_, waker) = counter();
+        assert!(a.open_or_wake(&both, &waker).is_none());
+        assert!(b.open_or_wake(&both, &waker).is_none());
+        assert!(a.open_or_wake(&behind_a, &waker).is_none());
+        assert!(b.open_or_wake(&behind_b, &waker).is_none());
+        // Both end before the stream waiting on both looks: it takes one
+        // place, and the other goes on when it finishes.
+        drop((held_a, held_b));
+        let mut handed = both.take_handed();
+        assert_eq!(handed.len(), 2);
+        let taken = handed.remove(0);
+        assert!(taken.is_on(&a));
+        drop(handed);
+        both.finish();
+        assert!(behind_a.take_handed().is_empty());
+        assert_eq!(behind_b.take_handed().len(), 1, "b's place went on");
+        drop(taken);
+        assert_eq!(behind_a.take_handed().len(), 1, "and a's when it ended");
+    }
+
+    #[test]
+    fn a_stream_listed_while_a_place_frees_gets_it_or_finds_it() {
+        // Many rounds of one stream's end racing another's listing: the
+        // waiter is either handed the place or opens it itself, never
+        // neither (a lost wake-up would leave it waiting with room free).
+        for _ in 0..2_000 {
+            let limit = StreamLimit::new(1);
+            let held = limit.try_open().unwrap();
+            let waiting = Arc::new(Waiting::default());
+            let (_, waker) = counter();
+            let ender = std::thread::spawn(move || drop(held));
+            let opened = limit.open_or_wake(&waiting, &waker);
+            ender.join().unwrap();
+            let handed = waiting.take_handed();
+            assert!(
+                opened.is_some() || handed.len() == 1,
+                "neither handed the place nor found it free"
+            );
+            drop((opened, handed));
+            waiting.finish();
+            assert!(limit.try_open().is_some(), "every place came back");
+        }
+    }
+
+    #[test]
+    fn a_dropped_stream_passes_on_the_place_it_was_handed() {
+        let limit = StreamLimit::new(1);
+        let held = limit.try_open().unwrap();
+        let gone = Arc::new(Waiting::default());
+        let next = Arc::new(Waiting::default());
+        let (woken, waker) = counter();
+        assert!(limit.open_or_wake(&gone, &waker).is_none());
+        assert!(limit.open_or_wake(&next, &waker).is_none());
+        drop(held);
+        assert!(next.take_handed().is_empty(), "the first in line has it");
+        drop(gone);
+        assert_eq!(next.take_handed().len(), 1, "then the next");
+        assert_eq!(woken.0.load(Ordering::SeqCst), 2);
     }
 
     #[test]

@@ -123,6 +123,8 @@ impl From<SendError> for Status {
 /// A frame to send: everything but the ack, which is stamped at posting.
 pub(crate) struct OutFrame<'a> {
     pub kind: FrameKind,
+    /// The header's flags, but [`FLAG_LENT`] (the sender sets that).
+    pub flags: u16,
     pub call_id: CallId,
     pub method_id: u32,
     pub status: u16,
@@ -152,7 +154,7 @@ impl OutFrame<'_> {
             metadata_len: md_len as u16,
             timeout_us: self.timeout_us,
             ack: 0,
-            flags: 0,
+            flags: self.flags,
         })
     }
 }
@@ -519,7 +521,7 @@ impl<F: Fabric> Conn<F> {
             rkey: remote.rkey,
         }
         .encode();
-        header.flags = FLAG_LENT;
+        header.flags |= FLAG_LENT;
         header.payload_len = LENT_LEN as u32;
         let sent = self.stage(
             header,
@@ -843,7 +845,7 @@ impl<F: Fabric> Conn<F> {
             ));
         }
         crate::observe::bytes(self.side, false, HEADER_LEN + body);
-        header.flags = 0;
+        header.flags &= !FLAG_LENT;
         header.payload_len = lent.len;
         let (wr_id, src) = {
             let mut rdv = self.rendezvous();
@@ -961,6 +963,7 @@ impl<F: Fabric> Conn<F> {
         drop(discarded);
         let release = OutFrame {
             kind: FrameKind::Release,
+            flags: 0,
             call_id,
             method_id: 0,
             status: 0,

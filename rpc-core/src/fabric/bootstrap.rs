@@ -24,12 +24,15 @@ use std::time::{Duration, Instant};
 /// Size of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 64;
 pub(crate) const MAGIC: &[u8; 8] = b"RDMARPC\0";
+/// 9: a `Request` says its call's kind (flags), and a server refuses a
+/// call of another kind than its method's (a peer of version 8 closes the
+/// connection on the flags).
 /// 8: a `Message` frame may carry no messages, only a stream's initial
 /// metadata (a peer of version 7 closes the connection on one).
 /// 7: a stream message costs at most half the window (up to 64 MiB), and
 /// one above that at most 2 GiB; a peer counting the old way would see its
 /// window overrun or never granted back.
-const HELLO_VERSION: u16 = 8;
+const HELLO_VERSION: u16 = 9;
 
 /// Which fabric a handshake sets up (both sides must agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

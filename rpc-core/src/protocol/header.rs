@@ -11,7 +11,7 @@
 //! | 8 | 8 | call id ([`CallId`]) |
 //! | 16 | 4 | payload length |
 //! | 20 | 2 | metadata length |
-//! | 22 | 2 | flags: [`FLAG_LENT`] on a `Request`, `Response` or `Message` frame; the others reserved, 0 |
+//! | 22 | 2 | flags: [`FLAG_LENT`] on a `Request`, `Response` or `Message` frame; [`FLAG_REQUEST_STREAM`] and [`FLAG_RESPONSE_STREAM`] on a `Request`; the others reserved, 0 |
 //! | 24 | 4 | timeout in microseconds (0 = none; saturates); in a `Window` frame, the grant; in a `Message` frame, how many messages it carries |
 //! | 28 | 4 | ack: credits the sender returns for the ring it receives into ([`super::credits`]) |
 //!
@@ -52,6 +52,15 @@ pub fn field_timeout(timeout_us: u32) -> Option<std::time::Duration> {
 pub const VERSION: u8 = 3;
 /// Flag: the payload is lent (a descriptor, see the module docs).
 pub const FLAG_LENT: u16 = 1;
+/// Flag on a `Request`: the caller sends a stream of requests (a
+/// client-streaming or bidirectional call). With neither this nor
+/// [`FLAG_RESPONSE_STREAM`] the call is unary. The server refuses a call
+/// whose kind is not the method's: each side would otherwise read the
+/// other's frames by the wrong rules.
+pub const FLAG_REQUEST_STREAM: u16 = 2;
+/// Flag on a `Request`: the caller reads a stream of responses (a
+/// server-streaming or bidirectional call).
+pub const FLAG_RESPONSE_STREAM: u16 = 4;
 /// Bytes of a lent payload's descriptor.
 pub const LENT_LEN: usize = 16;
 /// Size of an encoded [`Header`].
@@ -137,7 +146,8 @@ pub struct Header {
     pub timeout_us: u32,
     /// Piggy-backed credit return (see [`super::credits`]).
     pub ack: u32,
-    /// Flags: 0, or [`FLAG_LENT`].
+    /// Flags: [`FLAG_LENT`], and on a `Request` [`FLAG_REQUEST_STREAM`]
+    /// and [`FLAG_RESPONSE_STREAM`].
     pub flags: u16,
 }
 
@@ -220,11 +230,12 @@ impl Header {
         }
         let kind = FrameKind::from_u8(b[1]).ok_or(HeaderError::Kind(b[1]))?;
         let flags = u16_at(b, 22);
-        let lends = matches!(
-            kind,
-            FrameKind::Request | FrameKind::Response | FrameKind::Message
-        );
-        if flags & !FLAG_LENT != 0 || (flags != 0 && !lends) {
+        let allowed = match kind {
+            FrameKind::Request => FLAG_LENT | FLAG_REQUEST_STREAM | FLAG_RESPONSE_STREAM,
+            FrameKind::Response | FrameKind::Message => FLAG_LENT,
+            _ => 0,
+        };
+        if flags & !allowed != 0 {
             return Err(HeaderError::Flags(flags));
         }
         Ok(Header {
@@ -245,6 +256,32 @@ impl Header {
     /// Whether the payload is lent ([`FLAG_LENT`]).
     pub fn is_lent(&self) -> bool {
         self.flags & FLAG_LENT != 0
+    }
+
+    /// The flags a `Request` of a call of `kind` carries.
+    pub fn kind_flags(kind: crate::descriptor::MethodKind) -> u16 {
+        let mut flags = 0;
+        if kind.client_streams() {
+            flags |= FLAG_REQUEST_STREAM;
+        }
+        if kind.server_streams() {
+            flags |= FLAG_RESPONSE_STREAM;
+        }
+        flags
+    }
+
+    /// The kind of call a `Request` opens, from its flags.
+    pub fn call_kind(&self) -> crate::descriptor::MethodKind {
+        use crate::descriptor::MethodKind;
+        match (
+            self.flags & FLAG_REQUEST_STREAM != 0,
+            self.flags & FLAG_RESPONSE_STREAM != 0,
+        ) {
+            (false, false) => MethodKind::Unary,
+            (false, true) => MethodKind::ServerStreaming,
+            (true, false) => MethodKind::ClientStreaming,
+            (true, true) => MethodKind::Streaming,
+        }
     }
 }
 
@@ -292,6 +329,7 @@ fn u32_at(b: &[u8; HEADER_LEN], at: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::descriptor::MethodKind;
     use proptest::prelude::*;
 
     #[test]
@@ -426,11 +464,37 @@ mod tests {
         assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(10)));
         bytes[1] = FrameKind::Request as u8;
         assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(10)));
-        // The one flag there is: on the kinds that carry a message only.
+        // Lent: on the kinds that carry a message only.
         bytes[22] = FLAG_LENT as u8;
         assert!(Header::decode(&bytes).is_ok_and(|h| h.is_lent()));
+        // A call's kind: on a request only.
+        for kind in [
+            MethodKind::Unary,
+            MethodKind::ServerStreaming,
+            MethodKind::ClientStreaming,
+            MethodKind::Streaming,
+        ] {
+            let flags = Header::kind_flags(kind) | FLAG_LENT;
+            bytes[1] = FrameKind::Request as u8;
+            bytes[22] = flags as u8;
+            let h = Header::decode(&bytes).unwrap();
+            assert_eq!((h.call_kind(), h.is_lent()), (kind, true));
+            for other in [FrameKind::Response, FrameKind::Message] {
+                bytes[1] = other as u8;
+                let decoded = Header::decode(&bytes);
+                assert_eq!(
+                    decoded.is_ok(),
+                    kind == MethodKind::Unary,
+                    "{other:?} {kind:?}"
+                );
+            }
+        }
         bytes[1] = FrameKind::Cancel as u8;
+        bytes[22] = FLAG_LENT as u8;
         assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(1)));
+        bytes[1] = FrameKind::Request as u8;
+        bytes[22] = 8;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(8)));
     }
 
     #[test]

@@ -381,7 +381,7 @@ mod tests {
     fn call_of(method: usize, call: u64, payload: &[u8]) -> Vec<u8> {
         let payload = payload.to_vec().encode_to_vec();
         let header = Header {
-            flags: 0,
+            flags: Header::kind_flags(METHODS[method].kind),
             kind: FrameKind::Request,
             status: 0,
             method_id: METHODS[method].id,
