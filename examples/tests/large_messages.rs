@@ -111,6 +111,50 @@ on_every_fabric! {
     }
 }
 
+on_every_fabric! {
+    /// Calls cancelled while their lent requests wait behind another's read
+    /// (a connection reads 64 MiB at once): those requests are never read,
+    /// their buffers go back to the client at once, and the one read under
+    /// way completes and is dropped.
+    fn a_cancelled_calls_lent_payloads_waiting_to_be_read_are_not_read(url: &str) {
+        const LEN: usize = 40 << 20;
+        const CALLS: u64 = 6;
+        let _serial = serial();
+        let probe = Probe::new();
+        let server = serve(
+            test_server_with(&probe, true).dispatchers(1).max_message_size(LEN + 64),
+            url,
+        );
+        let echo = EchoClient::new(
+            rpc_core::Channel::builder(server.local_url())
+                .max_message_size(LEN + 64)
+                .timeout(LIMIT)
+                .connect()
+                .unwrap(),
+        );
+        // The server's one dispatcher is held in a handler while the large
+        // requests and their cancels queue up behind it.
+        let blocker = echo.echo(echo_request("blocker", vec![1], &[("block", "go")]));
+        probe.wait_entered("blocker");
+        let before = rpc_core::testing::reads_posted();
+        let payload = big_pattern(LEN, 9);
+        for i in 0..CALLS {
+            drop(echo.echo(echo_request(&format!("big-{i}"), payload.clone(), &[])));
+        }
+        drop(payload);
+        probe.open_gate("go");
+        blocker.wait().unwrap();
+        eventually(LIMIT, "the client's lent requests come back", || {
+            rpc_core::fabric::buffer_bytes().0 == 0
+        });
+        let posted = rpc_core::testing::reads_posted() - before;
+        assert!(posted <= 1, "{posted} of {CALLS} cancelled requests were read");
+        assert!(probe.seen().entered.iter().all(|t| t == "blocker"), "a cancelled call ran");
+        // The connection reads large messages on.
+        round_trip(&echo, 2 << 20, 1);
+    }
+}
+
 /// `len` bytes of a pattern, quickly (a word at a time: this is a debug build).
 fn big_pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];

@@ -122,6 +122,11 @@ pub mod testing {
         }
     }
 
+    /// Reads of lent (rendezvous) payloads this process has posted.
+    pub fn reads_posted() -> u64 {
+        crate::dispatch::READS_POSTED.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Faults injected into a server's dispatcher, to test what contains
     /// a bug of ours.
     pub mod faults {

@@ -1988,7 +1988,10 @@ impl<F: Fabric> Client<F> {
     }
 }
 
+/// Tells the server the call `id` is cancelled; what it lent for the call
+/// and this side has not started to read is not read.
 fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {
+    conn.cancel_reads(id);
     let _ = send_control(conn, FrameKind::Cancel, id, 0);
 }
 

@@ -184,6 +184,38 @@ pub(super) struct Rendezvous {
 pub(super) const MAX_READING: usize = 64 << 20;
 
 impl Rendezvous {
+    /// The call `call_id` is cancelled: what it still had coming goes
+    /// nowhere. Its reads not yet posted are dropped (their rkeys
+    /// returned, for the peer to be told); those posted complete and are
+    /// then dropped. Frames of the call that arrive while one of its reads
+    /// is under way go nowhere.
+    fn cancel(&mut self, call_id: CallId) -> Vec<u32> {
+        let Some(queue) = self.held.get_mut(&call_id) else {
+            return Vec::new();
+        };
+        let mut released = Vec::new();
+        let (deferred, reads) = (&mut self.deferred, &mut self.reads);
+        queue.retain(|h| match h {
+            Held::Reading(id) => {
+                let Some(at) = deferred.iter().position(|(d, _)| d == id) else {
+                    return true; // posted: it completes first
+                };
+                deferred.remove(at);
+                if let Some(read) = reads.remove(id) {
+                    released.push(read.rkey);
+                }
+                false
+            }
+            Held::Ready(_) => false,
+        });
+        if queue.is_empty() {
+            self.held.remove(&call_id);
+        } else {
+            self.cancelled.insert(call_id);
+        }
+        released
+    }
+
     /// Whether a read of `len` bytes may be posted now; if so it counts.
     fn admit(&mut self, len: usize) -> bool {
         if self.reading == 0 || self.reading + len <= MAX_READING {
@@ -194,6 +226,11 @@ impl Rendezvous {
         }
     }
 }
+
+/// Reads of lent payloads this process has posted (for tests: see
+/// `testing::reads_posted`).
+#[cfg(feature = "testing")]
+pub(crate) static READS_POSTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A lent payload being read: its frame as it will be delivered, and the
 /// key to release.
@@ -795,28 +832,63 @@ impl<F: Fabric> Conn<F> {
         }
         let len = HEADER_LEN + header.metadata_len as usize + frame.payload.len();
         crate::observe::bytes(self.side, false, len);
-        {
+        let released = {
             let mut guard = self.rendezvous();
             let rdv = &mut *guard;
-            if let Some(queue) = rdv.held.get_mut(&header.call_id) {
-                if rdv.cancelled.contains(&header.call_id) {
-                    return Ok(()); // after its cancel: nothing more of it
-                }
-                if header.kind != FrameKind::Cancel {
-                    queue.push_back(Held::Ready(frame));
-                    return Ok(());
-                }
-                // A cancel does not wait for the call's reads: the peer
-                // may start another call as soon as it sent it (a stream
-                // in the place this one leaves under the server's limit).
-                // What the call still had coming is dropped, a request
-                // that was being read included: the call never starts.
-                queue.retain(|h| matches!(h, Held::Reading(_)));
-                rdv.cancelled.insert(header.call_id);
+            let Some(queue) = rdv.held.get_mut(&header.call_id) else {
+                drop(guard);
+                deliver(frame);
+                return Ok(());
+            };
+            if rdv.cancelled.contains(&header.call_id) {
+                return Ok(()); // after its cancel: nothing more of it
             }
-        }
+            if header.kind != FrameKind::Cancel {
+                queue.push_back(Held::Ready(frame));
+                return Ok(());
+            }
+            // A cancel does not wait for the call's reads: the peer may
+            // start another call as soon as it sent it (a stream in the
+            // place this one leaves under the server's limit). What the
+            // call still had coming is dropped, a request that was being
+            // read included: the call never starts.
+            rdv.cancel(header.call_id)
+        };
+        self.release_all(header.call_id, released);
         deliver(frame);
         Ok(())
+    }
+
+    /// This side cancelled the call `call_id`: the lent payloads of it that
+    /// are still to be read are not read (see [`Rendezvous::cancel`]).
+    pub(crate) fn cancel_reads(&self, call_id: CallId) {
+        let released = self.rendezvous().cancel(call_id);
+        self.release_all(call_id, released);
+    }
+
+    /// Tells the peer it may reuse the buffers `rkeys` it lent for
+    /// `call_id`.
+    fn release_all(&self, call_id: CallId, rkeys: Vec<u32>) {
+        for rkey in rkeys {
+            self.release(call_id, rkey);
+        }
+    }
+
+    /// Tells the peer it may reuse the buffer `rkey` it lent for `call_id`.
+    fn release(&self, call_id: CallId, rkey: u32) {
+        let release = OutFrame {
+            kind: FrameKind::Release,
+            flags: 0,
+            call_id,
+            method_id: 0,
+            status: 0,
+            timeout_us: rkey,
+            metadata: None,
+            payload_len: 0,
+        };
+        if let Err(e) = self.send_with(&release, false, 0, &mut |_| {}) {
+            tracing::debug!(qp_num = self.qp_num, error = ?e, "cannot release a read buffer");
+        }
     }
 
     fn rendezvous(&self) -> MutexGuard<'_, Rendezvous> {
@@ -879,6 +951,8 @@ impl<F: Fabric> Conn<F> {
 
     /// Takes a buffer for the read `wr_id` of `src` and posts it.
     fn issue_read(&self, wr_id: u64, src: RemoteBuf) -> Result<(), String> {
+        #[cfg(feature = "testing")]
+        READS_POSTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let len = src.len as usize;
         let dst = self
             .fabric
@@ -961,19 +1035,7 @@ impl<F: Fabric> Conn<F> {
             (call_id, p.rkey)
         };
         drop(discarded);
-        let release = OutFrame {
-            kind: FrameKind::Release,
-            flags: 0,
-            call_id,
-            method_id: 0,
-            status: 0,
-            timeout_us: rkey,
-            metadata: None,
-            payload_len: 0,
-        };
-        if let Err(e) = self.send_with(&release, false, 0, &mut |_| {}) {
-            tracing::debug!(qp_num = self.qp_num, error = ?e, "cannot release a read buffer");
-        }
+        self.release(call_id, rkey);
         for (id, src) in next {
             self.issue_read(id, src)?;
         }

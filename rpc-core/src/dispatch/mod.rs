@@ -4,6 +4,8 @@
 
 mod config;
 mod conn;
+#[cfg(feature = "testing")]
+pub(crate) use conn::READS_POSTED;
 pub(crate) mod handoff;
 mod spin;
 mod srq;
