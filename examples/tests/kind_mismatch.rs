@@ -216,3 +216,34 @@ on_every_fabric! {
         server.shutdown();
     }
 }
+
+on_every_fabric! {
+    fn a_call_made_otherwise_than_its_descriptor_says_is_refused_by_how_it_is_made(url: &str) {
+        let probe = Probe::new();
+        let server = serve(test_server(&probe), url);
+        let channel = channel(server.local_url());
+        let client = EchoClient::new(channel.clone());
+        let in_flight = slow_call(&client);
+        // A hand-built descriptor that says what the server serves, used
+        // for a call of another kind: the request says how it is made.
+        let descriptor = described("/echo.Echo/Stream", MethodKind::ServerStreaming);
+        let (mut tx, call) = codegen::client_streaming_sender::<StreamRequest, EchoReply>(
+            &channel,
+            descriptor,
+            Request::new(()),
+        );
+        let _ = tx.send(StreamRequest { count: 1, size: 8 });
+        let _ = tx.close();
+        let status = call.wait().unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{status}");
+        assert!(
+            status.message().starts_with(
+                "/echo.Echo/Stream is a server-streaming method on this server, \
+                 called as client-streaming"
+            ),
+            "{status}"
+        );
+        serves_on(&client, in_flight);
+        server.shutdown();
+    }
+}

@@ -9,6 +9,7 @@ pub use reconnect::Backoff;
 
 use crate::auth::Credential;
 use crate::descriptor::MethodDescriptor;
+use crate::descriptor::MethodKind;
 use crate::dispatch::{Config, Conn, Endpoint, Frame, OutFrame, Role, least_loaded};
 use crate::fabric::soft::SoftFabric;
 use crate::fabric::{Fabric, FabricUrl, LocalSetup, Scheme};
@@ -1952,7 +1953,15 @@ impl<F: Fabric> Client<F> {
         let (id, _) = self.register(waiter, timeout);
         let frame = OutFrame {
             kind: FrameKind::Request,
-            flags: Header::kind_flags(method.kind),
+            // The call's kind as this call is made (its descriptor could
+            // say otherwise, if hand-built): requests streamed unless the
+            // one request comes now, responses unless one answer ends it.
+            flags: Header::kind_flags(match (first.is_some(), final_message) {
+                (true, true) => MethodKind::Unary,
+                (true, false) => MethodKind::ServerStreaming,
+                (false, true) => MethodKind::ClientStreaming,
+                (false, false) => MethodKind::Streaming,
+            }),
             call_id: id,
             method_id: method.id,
             status: 0,

@@ -166,6 +166,12 @@ impl StreamLimit {
             if !st.wakers.iter().any(|w| w.will_wake(waker)) {
                 st.wakers.push(waker.clone());
             }
+            // A place handed over while it had no waker (its wakers were
+            // taken by a wake, and it had not looked again since): it
+            // looks again at once. One handed over from now on wakes it.
+            if !st.handed.is_empty() {
+                waker.wake_by_ref();
+            }
             let list = !st.listed_on.contains(&here);
             if list {
                 st.listed_on.push(here);
@@ -395,6 +401,31 @@ mod tests {
             waiting.finish();
             assert!(limit.try_open().is_some(), "every place came back");
         }
+    }
+
+    #[test]
+    fn a_place_handed_over_while_no_waker_is_in_place_is_not_lost() {
+        let (a, b) = (StreamLimit::new(1), StreamLimit::new(1));
+        let (held_a, held_b) = (a.try_open().unwrap(), b.try_open().unwrap());
+        let waiting = Arc::new(Waiting::default());
+        let (woken, waker) = counter();
+        assert!(a.open_or_wake(&waiting, &waker).is_none());
+        // A connection came up: its wakers are taken, it stays listed.
+        waiting.wake();
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        // It looks for a place handed to it (none), then a's place is
+        // handed over before its waker is back in place...
+        assert!(waiting.take_handed().is_empty());
+        drop(held_a);
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1, "no waker to wake");
+        // ...and, finding b full, it waits there: it is woken at once to
+        // take up the place it holds.
+        assert!(b.open_or_wake(&waiting, &waker).is_none());
+        assert_eq!(woken.0.load(Ordering::SeqCst), 2, "woken to take it");
+        let handed = waiting.take_handed();
+        assert_eq!(handed.len(), 1);
+        assert!(handed[0].is_on(&a));
+        drop(held_b);
     }
 
     #[test]
