@@ -136,6 +136,7 @@ pub mod testing {
     /// The units of the hand-written concurrency that `scripts/loom`
     /// model-checks (`rpc-core/tests/loom_*.rs`), as production uses them.
     pub mod sync {
+        pub use crate::client::stream_limit::{StreamLimit, StreamPermit, Waiting};
         pub use crate::dispatch::handoff::PollHandoff;
         pub use crate::dispatch::wake::Corked;
         pub use crate::executor::Executor;

@@ -1,8 +1,10 @@
 //! The synchronization primitives of the hand-written concurrency that
 //! `scripts/loom` model-checks: call slots (`slot.rs`), the poll hand-off
 //! between callers and the poller (`dispatch/handoff.rs`), the corked
-//! writes a sleeping poller must not miss (`dispatch/wake.rs`), and the
-//! wake-ups of parked handler tasks (`executor.rs`).
+//! writes a sleeping poller must not miss (`dispatch/wake.rs`), the
+//! wake-ups of parked handler tasks (`executor.rs`), and the places a
+//! stream's end hands to streams waiting under a server's stream limit
+//! (`client/stream_limit.rs`).
 //!
 //! A normal build re-exports `std`'s, so nothing changes. Under
 //! `--cfg loom` they are the loom crate's, and the model checks in
@@ -46,10 +48,10 @@ pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 /// Atomics (see the module's notes on `SeqCst` under loom).
 pub(crate) mod atomic {
     #[cfg(loom)]
-    pub(crate) use super::sc::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize};
+    pub(crate) use super::sc::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize};
     pub(crate) use std::sync::atomic::Ordering;
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize};
 }
 
 /// Threads: the current one, and parking.
@@ -150,12 +152,26 @@ mod sc {
                     after(order);
                     prev
                 }
+
+                pub(crate) fn compare_exchange_weak(
+                    &self,
+                    current: $t,
+                    new: $t,
+                    success: Ordering,
+                    failure: Ordering,
+                ) -> Result<$t, $t> {
+                    before(success);
+                    let r = self.0.compare_exchange_weak(current, new, success, failure);
+                    after(success);
+                    r
+                }
             }
         };
     }
 
     fenced!(AtomicBool, bool);
     fenced_int!(AtomicU8, u8);
+    fenced_int!(AtomicU32, u32);
     fenced_int!(AtomicUsize, usize);
     fenced_int!(AtomicU64, u64);
 }

@@ -2,7 +2,7 @@
 
 mod endpoints;
 mod reconnect;
-mod stream_limit;
+pub(crate) mod stream_limit;
 
 pub use endpoints::{Dns, Resolver};
 pub use reconnect::Backoff;

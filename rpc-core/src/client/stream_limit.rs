@@ -3,9 +3,10 @@
 //! beyond them waits until one of the connection's streams ends, as an
 //! HTTP/2 client waits for `SETTINGS_MAX_CONCURRENT_STREAMS`.
 
+use crate::sync::atomic::{AtomicU32, Ordering};
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::task::Waker;
 
 /// Waiters kept before those that gave up are swept out.
@@ -13,7 +14,7 @@ const SWEEP_AT: usize = 64;
 
 /// One connection's stream limit and the streams open on it.
 #[derive(Debug)]
-pub(super) struct StreamLimit {
+pub struct StreamLimit {
     /// Streams at most; 0 for no limit.
     max: u32,
     /// Places taken: by open streams, and by places handed to a waiting
@@ -66,7 +67,7 @@ impl Waiters {
 /// places handed to it. Its opener holds it, the limits only a weak
 /// reference, so one that gave up costs nothing and is never woken.
 #[derive(Debug, Default)]
-pub(super) struct Waiting(Mutex<WaitingState>);
+pub struct Waiting(Mutex<WaitingState>);
 
 #[derive(Debug, Default)]
 struct WaitingState {
@@ -85,19 +86,19 @@ struct WaitingState {
 impl Waiting {
     /// Wakes every task waiting on this stream, which stays listed where
     /// it is (a connection came up: it may have room).
-    pub(super) fn wake(&self) {
+    pub fn wake(&self) {
         let wakers = std::mem::take(&mut lock(&self.0).wakers);
         wakers.into_iter().for_each(Waker::wake);
     }
 
     /// The places handed to this stream since it last looked.
-    pub(super) fn take_handed(&self) -> Vec<StreamPermit> {
+    pub fn take_handed(&self) -> Vec<StreamPermit> {
         std::mem::take(&mut lock(&self.0).handed)
     }
 
     /// The stream started or gave up: it takes no more places, and those
     /// handed to it meanwhile go on to the next streams waiting.
-    pub(super) fn finish(&self) {
+    pub fn finish(&self) {
         let handed = {
             let mut st = lock(&self.0);
             st.done = true;
@@ -109,7 +110,7 @@ impl Waiting {
 
 impl StreamLimit {
     /// A connection whose server serves `max` streams at once (0: any).
-    pub(super) fn new(max: u32) -> Arc<StreamLimit> {
+    pub fn new(max: u32) -> Arc<StreamLimit> {
         Arc::new(StreamLimit {
             max,
             open: AtomicU32::new(0),
@@ -128,7 +129,7 @@ impl StreamLimit {
     }
 
     /// A place for one more stream, if the connection has one free.
-    pub(super) fn try_open(self: &Arc<Self>) -> Option<StreamPermit> {
+    pub fn try_open(self: &Arc<Self>) -> Option<StreamPermit> {
         if self.max == 0 {
             return Some(StreamPermit(None));
         }
@@ -152,7 +153,7 @@ impl StreamLimit {
     /// A place for one more stream, or, if none is free, `waker` woken
     /// (through `waiting`) once a stream of the connection ends and hands
     /// its place to `waiting` ([`Waiting::take_handed`]).
-    pub(super) fn open_or_wake(
+    pub fn open_or_wake(
         self: &Arc<Self>,
         waiting: &Arc<Waiting>,
         waker: &Waker,
@@ -230,7 +231,7 @@ impl StreamLimit {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -240,11 +241,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// handed to a waiting stream that does not take it up goes on the same
 /// way.
 #[derive(Debug)]
-pub(super) struct StreamPermit(Option<Arc<StreamLimit>>);
+pub struct StreamPermit(Option<Arc<StreamLimit>>);
 
 impl StreamPermit {
     /// Whether this is a place on `limit`.
-    pub(super) fn is_on(&self, limit: &Arc<StreamLimit>) -> bool {
+    pub fn is_on(&self, limit: &Arc<StreamLimit>) -> bool {
         self.0.as_ref().is_some_and(|l| Arc::ptr_eq(l, limit))
     }
 }
