@@ -148,10 +148,42 @@ on_every_fabric! {
             rpc_core::fabric::buffer_bytes().0 == 0
         });
         let posted = rpc_core::testing::reads_posted() - before;
-        assert!(posted <= 1, "{posted} of {CALLS} cancelled requests were read");
+        assert_eq!(posted, 1, "cancelled requests read (of {CALLS}), the first under way");
         assert!(probe.seen().entered.iter().all(|t| t == "blocker"), "a cancelled call ran");
         // The connection reads large messages on.
         round_trip(&echo, 2 << 20, 1);
+    }
+}
+
+on_every_fabric! {
+    /// A call whose large answer would come after its deadline: no read of
+    /// it is made (the cancel reaches the server first, and an answer that
+    /// crossed it would be released unread), and no buffer stays lent.
+    fn an_answer_lent_after_the_calls_deadline_is_not_read(url: &str) {
+        const LEN: usize = 8 << 20;
+        let _serial = serial();
+        let probe = Probe::new();
+        let server = serve(test_server(&probe).max_message_size(LEN + 64), url);
+        let echo = EchoClient::new(
+            rpc_core::Channel::builder(server.local_url())
+                .max_message_size(LEN + 64)
+                .timeout(LIMIT)
+                .connect()
+                .unwrap(),
+        );
+        let before = rpc_core::testing::reads_posted();
+        let mut late = echo_request("late", big_pattern(LEN, 11), &[("sleep-ms", "300")]);
+        late.set_timeout(std::time::Duration::from_millis(100));
+        let err = echo.echo(late).wait().unwrap_err();
+        assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+        probe.wait_for("the late handler's end", |s| s.finished.iter().any(|t| t == "late"));
+        eventually(LIMIT, "the server's lent answer comes back", || {
+            rpc_core::fabric::buffer_bytes().0 == 0
+        });
+        let posted = rpc_core::testing::reads_posted() - before;
+        assert_eq!(posted, 1, "reads: the request's only, not the late answer's");
+        // The connection reads large answers on.
+        round_trip(&echo, 2 << 20, 2);
     }
 }
 

@@ -581,6 +581,28 @@ on_soft_fabrics! {
 }
 
 on_soft_fabrics! {
+    /// A stream message lent for a call that is not live (it crossed the
+    /// call's end) is not read: its buffer is released at once, and the
+    /// connection goes on. Reading it would be wasted, and here, with a
+    /// descriptor that grants nothing, would fail the connection.
+    fn a_lent_message_of_a_call_that_is_not_live_is_released_unread(url: &str) {
+        use rpc_core::testing::protocol::header::{FLAG_LENT, Lent};
+        let (server, good, mut raw) = setup(url);
+        let gone = raw.call_id();
+        let descriptor = Lent { addr: 0, len: 1 << 20, rkey: 0x5eed }.encode();
+        let mut frame = call_frame(FrameKind::Message, gone, 1, &descriptor);
+        frame[22] = FLAG_LENT as u8;
+        raw.send_at_head(&frame, None);
+        let released = raw.receive();
+        assert_eq!(released.header.kind, FrameKind::Release, "{released:?}");
+        assert_eq!((released.header.call_id, released.header.timeout_us), (gone, 0x5eed));
+        raw.echo(b"still here");
+        check(&good);
+        bounded("shutdown", move || server.shutdown());
+    }
+}
+
+on_soft_fabrics! {
     fn streams_beyond_the_limit_are_refused_and_the_connection_goes_on(url: &str) {
         let (_, health) = rpc_core::health::service();
         let server = serve(

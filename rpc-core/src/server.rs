@@ -1916,6 +1916,13 @@ impl<F: Fabric> Role<F> for ServerRole {
     fn on_tick(&self, _ep: &Endpoint<F, Self>, _now: Instant) -> Option<Instant> {
         None
     }
+
+    /// A request is read (it starts a call); a stream message only for a
+    /// call still registered: one cancelled or finished would be dropped
+    /// once read.
+    fn wants_lent(&self, conn: &Arc<Conn<F>>, header: &crate::protocol::Header) -> bool {
+        header.kind != FrameKind::Message || self.registry.contains(conn.qp_num, header.call_id)
+    }
 }
 
 impl ServerRole {

@@ -160,9 +160,15 @@ mod sc {
                     success: Ordering,
                     failure: Ordering,
                 ) -> Result<$t, $t> {
-                    before(success);
+                    // Its load is `failure`'s when it fails, `success`'s
+                    // when it succeeds (a read-modify-write then).
+                    if success == Ordering::SeqCst || failure == Ordering::SeqCst {
+                        before(Ordering::SeqCst);
+                    }
                     let r = self.0.compare_exchange_weak(current, new, success, failure);
-                    after(success);
+                    if r.is_ok() {
+                        after(success);
+                    }
                     r
                 }
             }

@@ -110,25 +110,33 @@ fn a_wake_that_takes_the_wakers_loses_no_place() {
 }
 
 /// Two streams wait on one full connection; its stream ends and the first
-/// waiter gives up at the same time: the second gets the place either way
-/// (handed on from the first, or handed to it directly).
+/// waiter gives up at the same time, by failing (`finish`, then dropped)
+/// or by being dropped only (an opener dropped while it waits): the second
+/// gets the place either way (handed on from the first, or handed to it
+/// directly).
 #[test]
 fn a_place_handed_to_a_stream_that_gives_up_goes_on() {
-    loom::model(|| {
-        let limit = StreamLimit::new(1);
-        let held = limit.try_open().expect("a first place");
-        let first = Arc::new(Waiting::default());
-        assert!(limit.open_or_wake(&first, Waker::noop()).is_none());
-        let second = Arc::new(Waiting::default());
-        let gives_up = thread::spawn(move || {
+    for finishes in [true, false] {
+        loom::model(move || gives_up_while_a_place_frees(finishes));
+    }
+}
+
+fn gives_up_while_a_place_frees(finishes: bool) {
+    let limit = StreamLimit::new(1);
+    let held = limit.try_open().expect("a first place");
+    let first = Arc::new(Waiting::default());
+    assert!(limit.open_or_wake(&first, Waker::noop()).is_none());
+    let second = Arc::new(Waiting::default());
+    let gives_up = thread::spawn(move || {
+        if finishes {
             first.finish();
-            drop(first);
-        });
-        let ender = thread::spawn(move || drop(held));
-        let place = wait_for_place(&second, &[&limit]);
-        gives_up.join().unwrap();
-        ender.join().unwrap();
-        drop(place);
-        assert!(limit.try_open().is_some(), "the place came back");
+        }
+        drop(first);
     });
+    let ender = thread::spawn(move || drop(held));
+    let place = wait_for_place(&second, &[&limit]);
+    gives_up.join().unwrap();
+    ender.join().unwrap();
+    drop(place);
+    assert!(limit.try_open().is_some(), "the place came back");
 }

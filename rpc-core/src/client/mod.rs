@@ -2093,6 +2093,15 @@ impl ClientRole {
 impl<F: Fabric> Role<F> for ClientRole {
     const SIDE: crate::observe::Side = crate::observe::Side::Client;
 
+    /// An answer or a stream message is read only for a call of this
+    /// connection still in the table: one cancelled or past its deadline
+    /// would be dropped once read.
+    fn wants_lent(&self, conn: &Arc<Conn<F>>, header: &Header) -> bool {
+        self.calls()
+            .get_mut(header.call_id)
+            .is_some_and(|c| c.qp_num == conn.qp_num)
+    }
+
     fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
         let h = frame.header;
         match h.kind {

@@ -186,34 +186,55 @@ pub(super) const MAX_READING: usize = 64 << 20;
 impl Rendezvous {
     /// The call `call_id` is cancelled: what it still had coming goes
     /// nowhere. Its reads not yet posted are dropped (their rkeys
-    /// returned, for the peer to be told); those posted complete and are
-    /// then dropped. Frames of the call that arrive while one of its reads
-    /// is under way go nowhere.
-    fn cancel(&mut self, call_id: CallId) -> Vec<u32> {
-        let Some(queue) = self.held.get_mut(&call_id) else {
-            return Vec::new();
+    /// returned, for the peer to be told), and so are its frames waiting
+    /// behind its reads (returned, to be dropped outside the lock); those
+    /// posted complete and are then dropped. Frames of the call that
+    /// arrive while one of its reads is under way go nowhere.
+    fn cancel(&mut self, call_id: CallId) -> (Vec<u32>, Vec<Frame>) {
+        let Some(queue) = self.held.remove(&call_id) else {
+            return Default::default();
         };
-        let mut released = Vec::new();
-        let (deferred, reads) = (&mut self.deferred, &mut self.reads);
-        queue.retain(|h| match h {
-            Held::Reading(id) => {
-                let Some(at) = deferred.iter().position(|(d, _)| d == id) else {
-                    return true; // posted: it completes first
-                };
-                deferred.remove(at);
-                if let Some(read) = reads.remove(id) {
-                    released.push(read.rkey);
+        let mut posted = VecDeque::new();
+        let mut waiting = Vec::new();
+        let mut frames = Vec::new();
+        for held in queue {
+            match held {
+                Held::Reading(id) if self.deferred.iter().any(|(d, _)| *d == id) => {
+                    waiting.push(id);
                 }
-                false
+                Held::Reading(id) => posted.push_back(Held::Reading(id)),
+                Held::Ready(frame) => frames.push(frame),
             }
-            Held::Ready(_) => false,
-        });
-        if queue.is_empty() {
-            self.held.remove(&call_id);
-        } else {
+        }
+        let mut released = Vec::new();
+        if !waiting.is_empty() {
+            self.deferred.retain(|(id, _)| !waiting.contains(id));
+            released.extend(
+                waiting
+                    .iter()
+                    .filter_map(|id| self.reads.remove(id))
+                    .map(|r| r.rkey),
+            );
+        }
+        if !posted.is_empty() {
+            self.held.insert(call_id, posted);
             self.cancelled.insert(call_id);
         }
-        released
+        (released, frames)
+    }
+
+    /// Reads that waited and may be posted now, taken off the queue in
+    /// order (and counted).
+    fn admit_waiting(&mut self) -> Vec<(u64, RemoteBuf)> {
+        let mut next = Vec::new();
+        while let Some(&(id, src)) = self.deferred.front() {
+            if !self.admit(src.len as usize) {
+                break;
+            }
+            self.deferred.pop_front();
+            next.push((id, src));
+        }
+        next
     }
 
     /// Whether a read of `len` bytes may be posted now; if so it counts.
@@ -741,6 +762,7 @@ impl<F: Fabric> Conn<F> {
         byte_len: u32,
         max_message: usize,
         deliver: &mut dyn FnMut(Frame),
+        wants: &dyn Fn(&Header) -> bool,
     ) -> Result<(), String> {
         if !self.heard.load(Ordering::Relaxed) {
             self.heard.store(true, Ordering::Release);
@@ -802,6 +824,7 @@ impl<F: Fabric> Conn<F> {
                             payload: payload.into(),
                         },
                         deliver,
+                        wants,
                     )?;
                 }
                 Ok(())
@@ -810,9 +833,15 @@ impl<F: Fabric> Conn<F> {
     }
 
     /// A frame is out of the ring: a release ends a loan of ours; a lent
-    /// payload is read; a frame of a call whose lent payload is being read
-    /// waits for it; the rest goes to `deliver`.
-    fn arrive(&self, frame: Frame, deliver: &mut dyn FnMut(Frame)) -> Result<(), String> {
+    /// payload is read, if the role `wants` it (its call is live); a frame
+    /// of a call whose lent payload is being read waits for it; the rest
+    /// goes to `deliver`.
+    fn arrive(
+        &self,
+        frame: Frame,
+        deliver: &mut dyn FnMut(Frame),
+        wants: &dyn Fn(&Header) -> bool,
+    ) -> Result<(), String> {
         let header = frame.header;
         if header.kind == FrameKind::Release {
             let mut s = self.send_state();
@@ -828,11 +857,11 @@ impl<F: Fabric> Conn<F> {
             return Ok(());
         }
         if header.is_lent() {
-            return self.start_read(frame);
+            return self.start_read(frame, wants);
         }
         let len = HEADER_LEN + header.metadata_len as usize + frame.payload.len();
         crate::observe::bytes(self.side, false, len);
-        let released = {
+        let (released, dropped, admitted) = {
             let mut guard = self.rendezvous();
             let rdv = &mut *guard;
             let Some(queue) = rdv.held.get_mut(&header.call_id) else {
@@ -852,17 +881,26 @@ impl<F: Fabric> Conn<F> {
             // place this one leaves under the server's limit). What the
             // call still had coming is dropped, a request that was being
             // read included: the call never starts.
-            rdv.cancel(header.call_id)
+            let (released, dropped) = rdv.cancel(header.call_id);
+            // Reads behind the dropped ones that fit now.
+            (released, dropped, rdv.admit_waiting())
         };
+        drop(dropped);
         self.release_all(header.call_id, released);
+        for (id, src) in admitted {
+            self.issue_read(id, src)?;
+        }
         deliver(frame);
         Ok(())
     }
 
     /// This side cancelled the call `call_id`: the lent payloads of it that
     /// are still to be read are not read (see [`Rendezvous::cancel`]).
+    /// Reads waiting behind them are posted at the next completion (one is
+    /// under way while any waits).
     pub(crate) fn cancel_reads(&self, call_id: CallId) {
-        let released = self.rendezvous().cancel(call_id);
+        let (released, dropped) = self.rendezvous().cancel(call_id);
+        drop(dropped);
         self.release_all(call_id, released);
     }
 
@@ -897,7 +935,9 @@ impl<F: Fabric> Conn<F> {
 
     /// Reads the payload the peer lent with `frame`, after checking its
     /// length against the message limit, before anything is allocated.
-    fn start_read(&self, frame: Frame) -> Result<(), String> {
+    /// A payload for a call that is over (cancelled, or past its
+    /// deadline) is not read: its buffer is released at once.
+    fn start_read(&self, frame: Frame, wants: &dyn Fn(&Header) -> bool) -> Result<(), String> {
         let Frame {
             mut header,
             metadata,
@@ -909,6 +949,14 @@ impl<F: Fabric> Conn<F> {
         let lent = Lent::decode(&payload)
             .ok_or_else(|| format!("lent payload descriptor of {} bytes", payload.len()))?;
         self.recycle(payload);
+        // Frames behind a read of the same call wait for it (the call
+        // may start only when it completes, as a lent request's does).
+        let behind_a_read = self.rendezvous().held.contains_key(&header.call_id);
+        if !behind_a_read && !wants(&header) {
+            tracing::trace!(call_id = header.call_id.0, kind = ?header.kind, "lent payload of a call that is over: not read");
+            self.release(header.call_id, lent.rkey);
+            return Ok(());
+        }
         let body = header.metadata_len as usize + lent.len as usize;
         if body > self.max_message {
             return Err(format!(
@@ -983,7 +1031,7 @@ impl<F: Fabric> Conn<F> {
             return Err(format!("read {wr_id} completed without its buffer"));
         };
         let mut ready = Vec::new();
-        let mut next = Vec::new();
+        let next;
         // A frame of a cancelled call, dropped outside the lock.
         let mut discarded = None;
         let (call_id, rkey) = {
@@ -993,13 +1041,7 @@ impl<F: Fabric> Conn<F> {
                 .remove(&wr_id)
                 .ok_or_else(|| format!("completion of read {wr_id}, never posted"))?;
             rdv.reading -= p.header.payload_len as usize;
-            while let Some(&(id, src)) = rdv.deferred.front() {
-                if !rdv.admit(src.len as usize) {
-                    break;
-                }
-                rdv.deferred.pop_front();
-                next.push((id, src));
-            }
+            next = rdv.admit_waiting();
             let call_id = p.header.call_id;
             let frame = Frame {
                 header: p.header,

@@ -63,6 +63,11 @@ pub(crate) trait Role<F: Fabric>: Send + Sync + Sized + 'static {
     fn on_tick(&self, ep: &Endpoint<F, Self>, now: Instant) -> Option<Instant>;
     /// Which end of its connections this role is (for metrics).
     const SIDE: crate::observe::Side;
+    /// Whether a frame whose payload `conn`'s peer lent is worth reading:
+    /// not if its call is over (the frame would be dropped once read).
+    fn wants_lent(&self, _conn: &Arc<Conn<F>>, _header: &Header) -> bool {
+        true
+    }
 }
 
 /// What one turn of the completion queue works with. Whoever polls holds it,
@@ -697,7 +702,8 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
                     touched.push(conn.clone());
                 }
                 let deliver = &mut |frame| self.role.on_frame(self, &conn, frame);
-                match conn.on_doorbell(imm, byte_len, conn.max_message, deliver) {
+                let wants = &|header: &Header| self.role.wants_lent(&conn, header);
+                match conn.on_doorbell(imm, byte_len, conn.max_message, deliver, wants) {
                     Ok(()) => {}
                     Err(why) => self.close_for_violation(&conn, &why),
                 }
