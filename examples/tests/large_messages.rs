@@ -22,6 +22,26 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A server built by `server` that takes messages of `len` bytes (and
+/// their metadata), and an echo client of the same limit whose calls time
+/// out after `timeout`.
+fn serve_large(
+    server: rpc_core::ServerBuilder,
+    url: &str,
+    len: usize,
+    timeout: std::time::Duration,
+) -> (rpc_core::ServerHandle, EchoClient) {
+    let server = serve(server.max_message_size(len + 64), url);
+    let echo = EchoClient::new(
+        rpc_core::Channel::builder(server.local_url())
+            .max_message_size(len + 64)
+            .timeout(timeout)
+            .connect()
+            .unwrap(),
+    );
+    (server, echo)
+}
+
 /// Sends `len` bytes and asks for `reply` bytes back, checking both.
 fn round_trip(echo: &EchoClient, len: usize, seed: u64) {
     let payload = pattern(len, seed);
@@ -121,17 +141,8 @@ on_every_fabric! {
         const CALLS: u64 = 6;
         let _serial = serial();
         let probe = Probe::new();
-        let server = serve(
-            test_server_with(&probe, true).dispatchers(1).max_message_size(LEN + 64),
-            url,
-        );
-        let echo = EchoClient::new(
-            rpc_core::Channel::builder(server.local_url())
-                .max_message_size(LEN + 64)
-                .timeout(LIMIT)
-                .connect()
-                .unwrap(),
-        );
+        let (_server, echo) =
+            serve_large(test_server_with(&probe, true).dispatchers(1), url, LEN, LIMIT);
         // The server's one dispatcher is held in a handler while the large
         // requests and their cancels queue up behind it.
         let blocker = echo.echo(echo_request("blocker", vec![1], &[("block", "go")]));
@@ -163,14 +174,7 @@ on_every_fabric! {
         const LEN: usize = 8 << 20;
         let _serial = serial();
         let probe = Probe::new();
-        let server = serve(test_server(&probe).max_message_size(LEN + 64), url);
-        let echo = EchoClient::new(
-            rpc_core::Channel::builder(server.local_url())
-                .max_message_size(LEN + 64)
-                .timeout(LIMIT)
-                .connect()
-                .unwrap(),
-        );
+        let (_server, echo) = serve_large(test_server(&probe), url, LEN, LIMIT);
         let before = rpc_core::testing::reads_posted();
         let mut late = echo_request("late", big_pattern(LEN, 11), &[("sleep-ms", "300")]);
         late.set_timeout(std::time::Duration::from_millis(100));
@@ -213,14 +217,7 @@ fn eventually(limit: std::time::Duration, what: &str, f: impl Fn() -> bool) {
 /// echo answers with what it received); then no buffer stays in use.
 fn huge_round_trip(url: &str, len: usize) {
     let probe = Probe::new();
-    let server = serve(test_server(&probe).max_message_size(len + 64), url);
-    let echo = EchoClient::new(
-        rpc_core::Channel::builder(server.local_url())
-            .max_message_size(len + 64)
-            .timeout(HUGE_LIMIT)
-            .connect()
-            .unwrap(),
-    );
+    let (server, echo) = serve_large(test_server(&probe), url, len, HUGE_LIMIT);
     let started = std::time::Instant::now();
     let payload = big_pattern(len, 3);
     let reply = echo
@@ -273,14 +270,7 @@ fn a_256_mib_message_each_way_round_trips_intact_on_rdma() {
 /// call fails `Unavailable`, and both sides' buffers are returned.
 fn lost_mid_transfer(url: &str, len: usize, limit: std::time::Duration) {
     let probe = Probe::new();
-    let server = serve(test_server(&probe).max_message_size(len + 64), url);
-    let echo = EchoClient::new(
-        rpc_core::Channel::builder(server.local_url())
-            .max_message_size(len + 64)
-            .timeout(limit)
-            .connect()
-            .unwrap(),
-    );
+    let (server, echo) = serve_large(test_server(&probe), url, len, limit);
     let call = std::thread::spawn(move || {
         echo.echo(echo_request("cut", big_pattern(len, 5), &[]))
             .wait()
