@@ -949,20 +949,27 @@ impl<F: Fabric> Conn<F> {
         let lent = Lent::decode(&payload)
             .ok_or_else(|| format!("lent payload descriptor of {} bytes", payload.len()))?;
         self.recycle(payload);
-        // Frames behind a read of the same call wait for it (the call
-        // may start only when it completes, as a lent request's does).
-        let behind_a_read = self.rendezvous().held.contains_key(&header.call_id);
-        if !behind_a_read && !wants(&header) {
-            tracing::trace!(call_id = header.call_id.0, kind = ?header.kind, "lent payload of a call that is over: not read");
-            self.release(header.call_id, lent.rkey);
-            return Ok(());
-        }
         let body = header.metadata_len as usize + lent.len as usize;
         if body > self.max_message {
             return Err(format!(
                 "lent message of {body} bytes exceeds the limit of {}",
                 self.max_message
             ));
+        }
+        // Frames behind a read of the same call wait for it (the call
+        // may start only when it completes, as a lent request's does),
+        // unless the call was cancelled meanwhile.
+        let (behind_a_read, cancelled) = {
+            let rdv = self.rendezvous();
+            (
+                rdv.held.contains_key(&header.call_id),
+                rdv.cancelled.contains(&header.call_id),
+            )
+        };
+        if cancelled || (!behind_a_read && !wants(&header)) {
+            tracing::trace!(call_id = header.call_id.0, kind = ?header.kind, "lent payload of a call that is over: not read");
+            self.release(header.call_id, lent.rkey);
+            return Ok(());
         }
         crate::observe::bytes(self.side, false, HEADER_LEN + body);
         header.flags &= !FLAG_LENT;
