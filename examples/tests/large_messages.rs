@@ -166,31 +166,6 @@ on_every_fabric! {
     }
 }
 
-on_every_fabric! {
-    /// A call whose large answer would come after its deadline: no read of
-    /// it is made (the cancel reaches the server first, and an answer that
-    /// crossed it would be released unread), and no buffer stays lent.
-    fn an_answer_lent_after_the_calls_deadline_is_not_read(url: &str) {
-        const LEN: usize = 8 << 20;
-        let _serial = serial();
-        let probe = Probe::new();
-        let (_server, echo) = serve_large(test_server(&probe), url, LEN, LIMIT);
-        let before = rpc_core::testing::reads_posted();
-        let mut late = echo_request("late", big_pattern(LEN, 11), &[("sleep-ms", "300")]);
-        late.set_timeout(std::time::Duration::from_millis(100));
-        let err = echo.echo(late).wait().unwrap_err();
-        assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
-        probe.wait_for("the late handler's end", |s| s.finished.iter().any(|t| t == "late"));
-        eventually(LIMIT, "the server's lent answer comes back", || {
-            rpc_core::fabric::buffer_bytes().0 == 0
-        });
-        let posted = rpc_core::testing::reads_posted() - before;
-        assert_eq!(posted, 1, "reads: the request's only, not the late answer's");
-        // The connection reads large answers on.
-        round_trip(&echo, 2 << 20, 2);
-    }
-}
-
 /// `len` bytes of a pattern, quickly (a word at a time: this is a debug build).
 fn big_pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];
