@@ -150,7 +150,8 @@ impl Link for NoLink {
     fn recycle(&self, _: crate::payload::Payload) {}
 }
 
-/// Sends a frame with no payload (`HalfClose`, `Window`, `Cancel`).
+/// Sends a frame with no payload (`HalfClose`, `Window`, `Cancel`,
+/// `Release`).
 pub(crate) fn send_control(
     link: &dyn Link,
     kind: FrameKind,

@@ -914,18 +914,8 @@ impl<F: Fabric> Conn<F> {
 
     /// Tells the peer it may reuse the buffer `rkey` it lent for `call_id`.
     fn release(&self, call_id: CallId, rkey: u32) {
-        let release = OutFrame {
-            kind: FrameKind::Release,
-            flags: 0,
-            call_id,
-            method_id: 0,
-            status: 0,
-            timeout_us: rkey,
-            metadata: None,
-            payload_len: 0,
-        };
-        if let Err(e) = self.send_with(&release, false, 0, &mut |_| {}) {
-            tracing::debug!(qp_num = self.qp_num, error = ?e, "cannot release a read buffer");
+        if let Err(e) = crate::streaming::send_control(self, FrameKind::Release, call_id, rkey) {
+            tracing::debug!(qp_num = self.qp_num, error = %e, "cannot release a read buffer");
         }
     }
 
