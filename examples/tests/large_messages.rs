@@ -137,33 +137,60 @@ on_every_fabric! {
     /// their buffers go back to the client at once, and the one read under
     /// way completes and is dropped.
     fn a_cancelled_calls_lent_payloads_waiting_to_be_read_are_not_read(url: &str) {
-        const LEN: usize = 40 << 20;
-        const CALLS: u64 = 6;
-        let _serial = serial();
-        let probe = Probe::new();
-        let (_server, echo) =
-            serve_large(test_server_with(&probe, true).dispatchers(1), url, LEN, LIMIT);
-        // The server's one dispatcher is held in a handler while the large
-        // requests and their cancels queue up behind it.
-        let blocker = echo.echo(echo_request("blocker", vec![1], &[("block", "go")]));
-        probe.wait_entered("blocker");
-        let before = rpc_core::testing::reads_posted();
-        let payload = big_pattern(LEN, 9);
-        for i in 0..CALLS {
-            drop(echo.echo(echo_request(&format!("big-{i}"), payload.clone(), &[])));
-        }
-        drop(payload);
-        probe.open_gate("go");
-        blocker.wait().unwrap();
-        eventually(LIMIT, "the client's lent requests come back", || {
-            rpc_core::fabric::buffer_bytes().0 == 0
-        });
-        let posted = rpc_core::testing::reads_posted() - before;
-        assert_eq!(posted, 1, "cancelled requests read (of {CALLS}), the first under way");
-        assert!(probe.seen().entered.iter().all(|t| t == "blocker"), "a cancelled call ran");
-        // The connection reads large messages on.
-        round_trip(&echo, 2 << 20, 1);
+        let posted = cancel_waiting_lent_requests(url, 40 << 20, 6);
+        assert_eq!(posted, 1, "cancelled requests read (of 6), the first under way");
     }
+}
+
+fabric_tests! {
+    [rdma]
+    /// As above, with more lent requests than a verbs queue pair reads at
+    /// once (16), all of which fit the 64 MiB a connection reads at once:
+    /// the reads beyond those 16 wait in the dispatcher, where the cancels
+    /// take them back, not in the queue pair, where they would be read.
+    fn cancelled_lent_requests_beyond_the_queue_pairs_reads_are_not_read(url: &str) {
+        let posted = cancel_waiting_lent_requests(url, 2 << 20, 30);
+        assert_eq!(posted, 16, "cancelled requests read (of 30), 16 under way");
+    }
+}
+
+/// Sends `calls` requests of `len` bytes (lent) and cancels each at once,
+/// while the server's one dispatcher is held in a handler; then lets it go.
+/// Checks that the client's lent buffers all come back, that no cancelled
+/// call ran and that the connection goes on; returns how many of the
+/// requests' reads the server posted.
+fn cancel_waiting_lent_requests(url: &str, len: usize, calls: u64) -> u64 {
+    let _serial = serial();
+    let probe = Probe::new();
+    let (_server, echo) = serve_large(
+        test_server_with(&probe, true).dispatchers(1),
+        url,
+        len,
+        LIMIT,
+    );
+    // The server's one dispatcher is held in a handler while the large
+    // requests and their cancels queue up behind it.
+    let blocker = echo.echo(echo_request("blocker", vec![1], &[("block", "go")]));
+    probe.wait_entered("blocker");
+    let before = rpc_core::testing::reads_posted();
+    let payload = big_pattern(len, 9);
+    for i in 0..calls {
+        drop(echo.echo(echo_request(&format!("big-{i}"), payload.clone(), &[])));
+    }
+    drop(payload);
+    probe.open_gate("go");
+    blocker.wait().unwrap();
+    eventually(LIMIT, "the client's lent requests come back", || {
+        rpc_core::fabric::buffer_bytes().0 == 0
+    });
+    let posted = rpc_core::testing::reads_posted() - before;
+    assert!(
+        probe.seen().entered.iter().all(|t| t == "blocker"),
+        "a cancelled call ran"
+    );
+    // The connection reads large messages on.
+    round_trip(&echo, 2 << 20, 1);
+    posted
 }
 
 /// `len` bytes of a pattern, quickly (a word at a time: this is a debug build).

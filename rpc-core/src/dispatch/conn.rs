@@ -162,7 +162,6 @@ impl OutFrame<'_> {
 /// Rendezvous on one connection: the peer's lent payloads being read, and
 /// the frames of their calls that arrived meanwhile, held so that each
 /// call's frames are delivered in order.
-#[derive(Default)]
 pub(super) struct Rendezvous {
     next_read: u64,
     reads: HashMap<u64, PendingRead>,
@@ -172,6 +171,12 @@ pub(super) struct Rendezvous {
     cancelled: HashSet<CallId>,
     /// Bytes of the reads posted and not yet complete.
     reading: usize,
+    /// How many reads are posted and not yet complete.
+    posted: usize,
+    /// Most reads posted at once: as many as the queue pair runs at once
+    /// ([`QueuePair::max_reads`](crate::fabric::QueuePair::max_reads)), so
+    /// that no read waits inside it, out of reach of a cancel.
+    max_posted: usize,
     /// Reads waiting for those to finish (see [`MAX_READING`]), in order.
     deferred: VecDeque<(u64, RemoteBuf)>,
 }
@@ -184,6 +189,20 @@ pub(super) struct Rendezvous {
 pub(super) const MAX_READING: usize = 64 << 20;
 
 impl Rendezvous {
+    /// Nothing being read, on a queue pair that runs `max_reads` at once.
+    fn new(max_reads: usize) -> Rendezvous {
+        Rendezvous {
+            next_read: 0,
+            reads: HashMap::new(),
+            held: HashMap::new(),
+            cancelled: HashSet::new(),
+            reading: 0,
+            posted: 0,
+            max_posted: max_reads.max(1),
+            deferred: VecDeque::new(),
+        }
+    }
+
     /// The call `call_id` is cancelled: what it still had coming goes
     /// nowhere. Its reads not yet posted are dropped (their rkeys
     /// returned, for the peer to be told), and so are its frames waiting
@@ -239,12 +258,20 @@ impl Rendezvous {
 
     /// Whether a read of `len` bytes may be posted now; if so it counts.
     fn admit(&mut self, len: usize) -> bool {
-        if self.reading == 0 || self.reading + len <= MAX_READING {
+        let fits = self.reading == 0 || self.reading + len <= MAX_READING;
+        if fits && self.posted < self.max_posted {
             self.reading += len;
+            self.posted += 1;
             true
         } else {
             false
         }
+    }
+
+    /// A posted read of `len` bytes completed.
+    fn complete(&mut self, len: usize) {
+        self.reading -= len;
+        self.posted -= 1;
     }
 }
 
@@ -339,6 +366,7 @@ impl<F: Fabric> Conn<F> {
             )));
         }
         let sq_depth = c.qp.send_queue_depth() as u64;
+        let max_reads = c.qp.max_reads();
         Ok(Conn {
             qp_num: c.qp.qp_num(),
             remote: Arc::new(Peer {
@@ -361,7 +389,7 @@ impl<F: Fabric> Conn<F> {
             max_message: 0,
             fabric,
             lend_above: usize::MAX,
-            rendezvous: Mutex::new(Rendezvous::default()),
+            rendezvous: Mutex::new(Rendezvous::new(max_reads)),
             stale: AtomicU64::new(0),
             buffers: Mutex::new(Vec::new()),
             heard: AtomicBool::new(false),
@@ -1037,7 +1065,7 @@ impl<F: Fabric> Conn<F> {
                 .reads
                 .remove(&wr_id)
                 .ok_or_else(|| format!("completion of read {wr_id}, never posted"))?;
-            rdv.reading -= p.header.payload_len as usize;
+            rdv.complete(p.header.payload_len as usize);
             next = rdv.admit_waiting();
             let call_id = p.header.call_id;
             let frame = Frame {

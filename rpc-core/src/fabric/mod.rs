@@ -153,6 +153,14 @@ pub trait QueuePair: Send + 'static {
     ) -> Result<(), FabricError>;
     /// The buffer of the read `wr_id`, once it completed.
     fn take_read(&mut self, wr_id: u64) -> Option<<Self::Region as Region>::Buffer>;
+    /// Most reads this queue pair runs at once. One posted beyond them
+    /// waits inside the queue pair, holding its buffer, where a cancel of
+    /// its call cannot take it back; a dispatcher posts no more than this
+    /// and keeps the rest waiting itself. Unlimited by default: a fabric
+    /// whose reads all start when posted.
+    fn max_reads(&self) -> usize {
+        usize::MAX
+    }
     /// Whether this queue pair lends buffers and reads (see
     /// [`QueuePair::lend`]); without, every message travels in the ring.
     fn lends(&self) -> bool {

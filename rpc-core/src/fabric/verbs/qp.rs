@@ -512,6 +512,10 @@ impl QueuePair for VerbsQp {
         Ok(())
     }
 
+    fn max_reads(&self) -> usize {
+        MAX_READS
+    }
+
     fn take_read(&mut self, wr_id: u64) -> Option<VerbsBuffer> {
         let Some(Read::InFlight(buf)) = self.reads.remove(&wr_id) else {
             return None;
