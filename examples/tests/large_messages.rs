@@ -149,6 +149,10 @@ fabric_tests! {
     /// the reads beyond those 16 wait in the dispatcher, where the cancels
     /// take them back, not in the queue pair, where they would be read.
     fn cancelled_lent_requests_beyond_the_queue_pairs_reads_are_not_read(url: &str) {
+        // All 30 requests and their cancels are doorbells in the server's
+        // completion queue before the first read can complete (a 2 MiB
+        // read takes tens of milliseconds in the guest), and a verbs
+        // dispatcher takes receive completions before send ones in a turn.
         let posted = cancel_waiting_lent_requests(url, 2 << 20, 30);
         assert_eq!(posted, 16, "cancelled requests read (of 30), 16 under way");
     }

@@ -177,7 +177,8 @@ pub(super) struct Rendezvous {
     /// ([`QueuePair::max_reads`](crate::fabric::QueuePair::max_reads)), so
     /// that no read waits inside it, out of reach of a cancel.
     max_posted: usize,
-    /// Reads waiting for those to finish (see [`MAX_READING`]), in order.
+    /// Reads waiting for those to finish (see [`MAX_READING`] and
+    /// `max_posted`), in order.
     deferred: VecDeque<(u64, RemoteBuf)>,
 }
 

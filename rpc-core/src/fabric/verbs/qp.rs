@@ -227,6 +227,7 @@ impl VerbsFabric {
                 reads: HashMap::new(),
                 queued_reads: VecDeque::new(),
                 reads_in_flight: 0,
+                max_reads: usize::from(self.inner.rd_atomic),
                 windows: self.inner.windows,
                 link,
                 pending,
@@ -259,8 +260,8 @@ pub(super) struct Loan {
     _buf: VerbsBuffer,
 }
 
-/// A read of a lent payload: waiting for one of the [`MAX_READS`] in
-/// flight to complete, or in flight (the device writes the buffer).
+/// A read of a lent payload: waiting for one of those in flight (at most
+/// [`MAX_READS`]) to complete, or in flight (the device writes the buffer).
 enum Read {
     Queued(VerbsBuffer, RemoteBuf),
     InFlight(VerbsBuffer),
@@ -282,6 +283,9 @@ pub struct VerbsQp {
     reads: HashMap<u64, Read>,
     queued_reads: VecDeque<u64>,
     reads_in_flight: usize,
+    /// Reads the device runs at once: [`MAX_READS`], or fewer if it allows
+    /// fewer (the queue pair's `max_rd_atomic`).
+    max_reads: usize,
     /// Whether loans go through windows.
     windows: bool,
     /// The handshake connection (with its TLS session, if it uses TLS):
@@ -502,7 +506,7 @@ impl QueuePair for VerbsQp {
                 format!("reading {} bytes into a buffer of {}", src.len, dst.len),
             ));
         }
-        if self.reads_in_flight >= MAX_READS {
+        if self.reads_in_flight >= self.max_reads {
             self.reads.insert(wr_id, Read::Queued(dst, src));
             self.queued_reads.push_back(wr_id);
             return Ok(());
@@ -513,7 +517,7 @@ impl QueuePair for VerbsQp {
     }
 
     fn max_reads(&self) -> usize {
-        MAX_READS
+        self.max_reads
     }
 
     fn take_read(&mut self, wr_id: u64) -> Option<VerbsBuffer> {
@@ -521,7 +525,7 @@ impl QueuePair for VerbsQp {
             return None;
         };
         self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
-        while self.reads_in_flight < MAX_READS {
+        while self.reads_in_flight < self.max_reads {
             let Some(next) = self.queued_reads.pop_front() else {
                 break;
             };
