@@ -9,8 +9,11 @@ use examples::acme::storage::v1::{
 };
 use examples::echo;
 use examples::kv::{self, kv_client::KvClient, kv_server::KvServer};
-use rpc_core::codegen::prost::Message;
-use rpc_core::codegen::{MethodDescriptor, ServiceDescriptor, UnaryCall, method_id, prost_types};
+use rpc_core::codegen::{MethodDescriptor, ServiceDescriptor, UnaryCall, method_id};
+// What hand-written code uses: prost and the well-known types as rpc-core
+// re-exports them, at the generated code's version.
+use rpc_core::prost::Message;
+use rpc_core::prost_types;
 use rpc_core::{Code, Request, Response, Service, Status};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -11,10 +11,10 @@
 //!
 //! ```toml
 //! [dependencies]
-//! rpc-core = "0.1"
+//! rpc-core = { path = "../rpc-core" }
 //!
 //! [build-dependencies]
-//! rpc-codegen = "0.1"
+//! rpc-codegen = { path = "../rpc-codegen" }
 //! ```
 //!
 //! `build.rs`:
@@ -35,7 +35,10 @@
 //!
 //! The generated code reaches the runtime only through `rpc_core::codegen`,
 //! which re-exports `prost` and `prost-types`: the crate needs no `prost`
-//! dependency of its own.
+//! dependency of its own. Hand-written code names them as
+//! `rpc_core::prost` (`use rpc_core::prost::Message;` to encode a message
+//! itself) and `rpc_core::prost_types` (`Timestamp` and the other
+//! well-known types).
 //!
 //! ## What is generated
 //!

@@ -153,10 +153,19 @@ pub use dispatch::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 /// what streaming handlers return and streaming calls take.
 pub use futures_core::Stream;
 pub use metadata::{InvalidMetadata, Metadata};
+/// The protobuf runtime generated messages are built on, at the version
+/// the generated code uses: hand-written code that encodes or decodes a
+/// message itself names it here (`use rpc_core::prost::Message;`) and
+/// needs no `prost` dependency of its own.
+pub use prost;
 /// The type of generated `bytes` fields (the `bytes` crate's, through
 /// prost): a large message's `Bytes` fields share the buffer it was read
 /// into instead of copying out of it.
 pub use prost::bytes::Bytes;
+/// Protobuf's well-known types (`google.protobuf.Timestamp`, `Duration`,
+/// `Any`, ...) as generated code names them: a handler that builds a
+/// `Timestamp` writes `rpc_core::prost_types::Timestamp`.
+pub use prost_types;
 pub use raw::RawMessage;
 pub use request::{IntoRequest, Request, Response, Trailers};
 pub use server::{MethodKind, Server, ServerBuilder, ServerCall, ServerHandle, Service};

@@ -154,9 +154,13 @@ impl<T> Request<T> {
     }
 
     /// On the server: whether the caller cancelled the call (it dropped it,
-    /// or its deadline passed) or went away. Handlers that run long check
-    /// it, or await [`Request::cancelled`]. A handler this told of a
-    /// cancel ends its call itself: the server no longer drops its future.
+    /// or its deadline passed) or went away. A handler that runs long in
+    /// synchronous code (on the blocking pool) checks it between steps. An
+    /// async handler is dropped at its next `.await` after a cancel unless
+    /// it watches for it, so a loop that checks this only between awaits
+    /// never sees `true`: race the work against [`Request::cancelled`]
+    /// instead. A handler this told of a cancel ends its call itself: the
+    /// server no longer drops its future.
     pub fn is_cancelled(&self) -> bool {
         self.signal.as_ref().is_some_and(|s| s.tell())
     }

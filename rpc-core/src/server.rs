@@ -2065,7 +2065,7 @@ pub(crate) const UNKNOWN_METHOD: &str = "method id ";
 
 /// A running server. [`ServerHandle::shutdown`] stops it gracefully; dropping
 /// the handle does the same.
-#[must_use = "dropping the ServerHandle stops the server at once: keep it for as long as it serves"]
+#[must_use = "dropping the ServerHandle stops the server (gracefully, blocking the thread up to 10 s): keep it for as long as it serves"]
 pub struct ServerHandle {
     local_url: String,
     /// Where the gRPC face listens, if the server has one.
