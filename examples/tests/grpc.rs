@@ -773,3 +773,195 @@ fn a_streams_headers_cross_the_face_and_the_gateway_before_its_messages() {
         drop(server);
     });
 }
+
+/// What [`Recorder`]'s `record_route` handler saw, in order.
+#[derive(Clone, Default)]
+struct Events(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Events {
+    fn push(&self, event: impl Into<String>) {
+        self.0.lock().unwrap().push(event.into());
+    }
+
+    fn has(&self, event: &str) -> bool {
+        self.0.lock().unwrap().iter().any(|e| e == event)
+    }
+
+    fn list(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Marks its handler's end, however it ends (dropped at an await, too).
+struct Ended(Events);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.push("gone");
+    }
+}
+
+/// A route guide whose `record_route` records each point, the end of its
+/// request stream, and its own end; the other methods are not served.
+struct Recorder(Events);
+
+impl examples::routeguide::route_guide_server::RouteGuide for Recorder {
+    async fn get_feature(
+        &self,
+        _: rpc_core::Request<examples::routeguide::Point>,
+    ) -> Result<rpc_core::Response<examples::routeguide::Feature>, Status> {
+        Err(Status::unimplemented("not here"))
+    }
+
+    type ListFeaturesStream = rpc_core::BoxStream<examples::routeguide::Feature>;
+
+    async fn list_features(
+        &self,
+        _: rpc_core::Request<examples::routeguide::Rectangle>,
+    ) -> Result<rpc_core::Response<Self::ListFeaturesStream>, Status> {
+        Err(Status::unimplemented("not here"))
+    }
+
+    async fn record_route(
+        &self,
+        request: rpc_core::Request<rpc_core::Streaming<examples::routeguide::Point>>,
+    ) -> Result<rpc_core::Response<examples::routeguide::RouteSummary>, Status> {
+        let _ended = Ended(self.0.clone());
+        let mut points = request.into_inner();
+        let mut count = 0;
+        while let Some(_point) = points.message().await? {
+            count += 1;
+            self.0.push(format!("point {count}"));
+        }
+        self.0.push("end of stream");
+        Ok(rpc_core::Response::new(
+            examples::routeguide::RouteSummary {
+                point_count: count,
+                ..Default::default()
+            },
+        ))
+    }
+
+    type RouteChatStream = rpc_core::BoxStream<examples::routeguide::RouteNote>;
+
+    async fn route_chat(
+        &self,
+        _: rpc_core::Request<rpc_core::Streaming<examples::routeguide::RouteNote>>,
+    ) -> Result<rpc_core::Response<Self::RouteChatStream>, Status> {
+        Err(Status::unimplemented("not here"))
+    }
+}
+
+/// A gRPC client that drops a client-streaming call in the middle of its
+/// request stream resets the HTTP/2 stream with `CANCEL`, which hyper
+/// reports to the face as the end of the request body, as it reports a
+/// half-close. The face must not pass that end on: the handler would take
+/// the messages so far for the whole stream and answer as if the upload
+/// were complete. It is cancelled instead, dropped at its next await.
+#[test]
+fn a_grpc_client_cancelling_its_request_stream_is_not_taken_for_its_end() {
+    watchdog(|| {
+        for round in 0..5 {
+            let events = Events::default();
+            let server = serve(
+                Server::builder()
+                    .add_service(RouteGuideServer::new(Recorder(events.clone())))
+                    .grpc("127.0.0.1:0"),
+                &format!("mem://grpc-cancelled-upload-{round}"),
+            );
+            let addr = server.grpc_addr().expect("a gRPC face");
+            runtime().block_on(async {
+                let mut guide = RouteGuideClient::connect(format!("http://{addr}"))
+                    .await
+                    .unwrap();
+                // Two points, then a stream that never ends.
+                let points = futures::StreamExt::chain(
+                    futures::stream::iter(vec![point(1, 1), point(1, 2)]),
+                    futures::stream::pending(),
+                );
+                let call = tokio::spawn(async move { guide.record_route(points).await });
+                let until = Instant::now() + LIMIT;
+                while !events.has("point 2") {
+                    assert!(Instant::now() < until, "the points never arrived");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                call.abort();
+                while !events.has("gone") {
+                    assert!(Instant::now() < until, "the handler was never dropped");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+            assert!(
+                !events.has("end of stream"),
+                "round {round}: the handler took the cancel for the end of its stream: {:?}",
+                events.list()
+            );
+            drop(server);
+        }
+    });
+}
+
+/// An HTTP/2 client that resets its request stream with `NO_ERROR` in the
+/// middle of it: hyper reports that to the face as the end of the request
+/// body, as it reports a half-close; the face holds such an end back for a
+/// poll, in which hyper sees the reset and drops the call. The handler is
+/// cancelled, never told its stream ended.
+#[test]
+fn a_request_stream_reset_with_no_error_is_not_taken_for_its_end() {
+    watchdog(|| {
+        for round in 0..5 {
+            let events = Events::default();
+            let server = serve(
+                Server::builder()
+                    .add_service(RouteGuideServer::new(Recorder(events.clone())))
+                    .grpc("127.0.0.1:0"),
+                &format!("mem://grpc-no-error-reset-{round}"),
+            );
+            let addr = server.grpc_addr().expect("a gRPC face");
+            runtime().block_on(async {
+                let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                let request = tonic::codegen::http::Request::post(format!(
+                    "http://{addr}/routeguide.RouteGuide/RecordRoute"
+                ))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
+                let (response, mut body) = client.send_request(request, false).unwrap();
+                for (lat, lon) in [(1, 1), (1, 2)] {
+                    let message =
+                        rpc_core::prost::Message::encode_to_vec(&examples::routeguide::Point {
+                            latitude: lat,
+                            longitude: lon,
+                        });
+                    // gRPC's framing: not compressed, then the length.
+                    let mut frame = vec![0];
+                    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+                    frame.extend_from_slice(&message);
+                    body.send_data(frame.into(), false).unwrap();
+                }
+                let until = Instant::now() + LIMIT;
+                while !events.has("point 2") {
+                    assert!(Instant::now() < until, "the points never arrived");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                body.send_reset(h2::Reason::NO_ERROR);
+                while !events.has("gone") {
+                    assert!(Instant::now() < until, "the handler was never dropped");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                drop(response);
+            });
+            assert!(
+                !events.has("end of stream"),
+                "round {round}: the handler took the reset for the end of its stream: {:?}",
+                events.list()
+            );
+            drop(server);
+        }
+    });
+}

@@ -682,21 +682,32 @@ impl http_body::Body for WithTrailers {
 /// HTTP/2 stream or lost its connection) does not end: an end would let
 /// the handler take the messages so far for the whole stream. It stays
 /// pending until the call is dropped, which cancels it on the other side
-/// too. (hyper reports a reset with `CANCEL` or `NO_ERROR`, what a gRPC
-/// client sends when it drops a call, as the body's end: on the face, that
-/// one cannot be told from a half-close.)
+/// too.
+///
+/// On the face, hyper reports a reset with `NO_ERROR` as the body's end,
+/// as it does a half-close (`CANCEL`, what a gRPC client sends when it
+/// drops a call, is an error). So the face holds an end back for one
+/// poll (`hold_end`), waking itself: hyper looks for a reset of the stream
+/// whenever the call's future or its response body is pending, and drops
+/// them on one, so a reset is never passed on as an end.
 struct UntilFailed<S, F> {
     stream: S,
     map: F,
     failed: bool,
+    /// Whether an end waits one poll before it is passed on.
+    hold_end: bool,
+    /// The inner stream ended (and is not polled again).
+    ended: bool,
 }
 
 impl<S, F> UntilFailed<S, F> {
-    fn new(stream: S, map: F) -> UntilFailed<S, F> {
+    fn new(stream: S, map: F, hold_end: bool) -> UntilFailed<S, F> {
         UntilFailed {
             stream,
             map,
             failed: false,
+            hold_end,
+            ended: false,
         }
     }
 }
@@ -713,6 +724,9 @@ where
         if self.failed {
             return Poll::Pending;
         }
+        if self.ended {
+            return Poll::Ready(None);
+        }
         match std::task::ready!(Pin::new(&mut self.stream).poll_next(cx)) {
             Some(Ok(m)) => Poll::Ready(Some((self.map)(m))),
             Some(Err(e)) => {
@@ -720,7 +734,15 @@ where
                 self.failed = true;
                 Poll::Pending
             }
-            None => Poll::Ready(None),
+            None if self.hold_end => {
+                self.ended = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            None => {
+                self.ended = true;
+                Poll::Ready(None)
+            }
         }
     }
 }
@@ -729,14 +751,14 @@ where
 type Incoming = UntilFailed<tonic::Streaming<Bytes>, fn(Bytes) -> RawMessage>;
 
 fn incoming(stream: tonic::Streaming<Bytes>) -> Incoming {
-    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)))
+    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)), true)
 }
 
 /// Our client's request stream, as the gateway sends it to a gRPC server.
 fn to_server(
     stream: Streaming<RawMessage>,
 ) -> UntilFailed<Streaming<RawMessage>, fn(RawMessage) -> Bytes> {
-    UntilFailed::new(stream, |m| Bytes::from(m.0))
+    UntilFailed::new(stream, |m| Bytes::from(m.0), false)
 }
 
 /// A server-streaming call (tonic's service traits, one type per kind),
