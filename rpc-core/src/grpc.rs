@@ -615,12 +615,22 @@ async fn answer(
 struct Outgoing {
     rest: Streaming<RawMessage>,
     trailers: crate::Trailers,
+    /// Set when the call's request stream holds its end back (see
+    /// [`UntilFailed`]); None for a call without a request stream.
+    held: Option<HeldEnd>,
 }
 
 impl Stream for Outgoing {
     type Item = Result<Bytes, tonic::Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        // tonic takes answers one after another in one poll of the body:
+        // after the request stream held its end back, this gives the poll
+        // up, so that hyper looks for a reset before the end goes on.
+        if self.held.as_ref().is_some_and(HeldEnd::take) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         let next = self.rest.poll_raw(cx);
         if let Poll::Ready(None) = next {
             if let Some(trailers) = self.rest.trailers() {
@@ -687,21 +697,40 @@ impl http_body::Body for WithTrailers {
 /// On the face, hyper reports a reset with `NO_ERROR` as the body's end,
 /// as it does a half-close (`CANCEL`, what a gRPC client sends when it
 /// drops a call, is an error). So the face holds an end back for one
-/// poll (`hold_end`), waking itself: hyper looks for a reset of the stream
-/// whenever the call's future or its response body is pending, and drops
-/// them on one, so a reset is never passed on as an end.
+/// poll (`hold_end`), waking itself, and so does the call's response body
+/// ([`Outgoing`], which tonic may poll many times in one poll of its own).
+/// hyper looks for a reset each time the call's future is pending and
+/// before each poll of its response body, and drops them on one: a reset
+/// is not passed on as an end.
 struct UntilFailed<S, F> {
     stream: S,
     map: F,
     failed: bool,
-    /// Whether an end waits one poll before it is passed on.
-    hold_end: bool,
+    /// Where an end held back for a poll is told (the call's response
+    /// body gives up its poll too); None: an end goes on at once.
+    hold_end: Option<HeldEnd>,
     /// The inner stream ended (and is not polled again).
     ended: bool,
 }
 
+/// That a face call's request stream held its end back, for its response
+/// body to give up its poll as well (see [`UntilFailed`]).
+#[derive(Clone, Default)]
+struct HeldEnd(Arc<std::sync::atomic::AtomicBool>);
+
+impl HeldEnd {
+    fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether an end was held back since the last look.
+    fn take(&self) -> bool {
+        self.0.swap(false, Ordering::Relaxed)
+    }
+}
+
 impl<S, F> UntilFailed<S, F> {
-    fn new(stream: S, map: F, hold_end: bool) -> UntilFailed<S, F> {
+    fn new(stream: S, map: F, hold_end: Option<HeldEnd>) -> UntilFailed<S, F> {
         UntilFailed {
             stream,
             map,
@@ -734,8 +763,11 @@ where
                 self.failed = true;
                 Poll::Pending
             }
-            None if self.hold_end => {
+            None if self.hold_end.is_some() => {
                 self.ended = true;
+                if let Some(held) = &self.hold_end {
+                    held.set();
+                }
                 cx.waker().wake_by_ref();
                 Poll::Pending
             }
@@ -750,15 +782,15 @@ where
 /// A gRPC client's request stream, as our call on the face reads it.
 type Incoming = UntilFailed<tonic::Streaming<Bytes>, fn(Bytes) -> RawMessage>;
 
-fn incoming(stream: tonic::Streaming<Bytes>) -> Incoming {
-    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)), true)
+fn incoming(stream: tonic::Streaming<Bytes>, held: HeldEnd) -> Incoming {
+    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)), Some(held))
 }
 
 /// Our client's request stream, as the gateway sends it to a gRPC server.
 fn to_server(
     stream: Streaming<RawMessage>,
 ) -> UntilFailed<Streaming<RawMessage>, fn(RawMessage) -> Bytes> {
-    UntilFailed::new(stream, |m| Bytes::from(m.0), false)
+    UntilFailed::new(stream, |m| Bytes::from(m.0), None)
 }
 
 /// A server-streaming call (tonic's service traits, one type per kind),
@@ -781,6 +813,7 @@ impl tonic::server::ServerStreamingService<Bytes> for ServerStream {
         Box::pin(started(
             self.0.start(head, Some(message), None),
             self.1.clone(),
+            None,
         ))
     }
 }
@@ -791,7 +824,14 @@ impl tonic::server::ClientStreamingService<Bytes> for ClientStream {
 
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
         let (head, requests) = Call::head(request);
-        Box::pin(answer(self.0.start(head, None, Some(incoming(requests)))))
+        // The call's answer comes in its last frame, once its handler is
+        // done: a held end needs no more than the answer's own poll.
+        let held = HeldEnd::default();
+        Box::pin(answer(self.0.start(
+            head,
+            None,
+            Some(incoming(requests, held)),
+        )))
     }
 }
 
@@ -802,9 +842,12 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
 
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
         let (head, requests) = Call::head(request);
+        let held = HeldEnd::default();
         Box::pin(started(
-            self.0.start(head, None, Some(incoming(requests))),
+            self.0
+                .start(head, None, Some(incoming(requests, held.clone()))),
             self.1.clone(),
+            Some(held),
         ))
     }
 }
@@ -816,6 +859,7 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
 async fn started(
     mut stream: Streaming<RawMessage>,
     trailers: crate::Trailers,
+    held: Option<HeldEnd>,
 ) -> Result<tonic::Response<Outgoing>, tonic::Status> {
     let metadata = std::future::poll_fn(|cx| stream.poll_initial_metadata(cx))
         .await
@@ -823,6 +867,7 @@ async fn started(
     let mut response = tonic::Response::new(Outgoing {
         rest: stream,
         trailers,
+        held,
     });
     *response.metadata_mut() = metadata_to_grpc(&metadata);
     Ok(response)
