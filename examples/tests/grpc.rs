@@ -805,6 +805,16 @@ impl Drop for Ended {
     }
 }
 
+/// A [`Recorder`] recording into `events`, on `url` and a gRPC face.
+fn serve_recorder(events: &Events, url: &str) -> ServerHandle {
+    serve(
+        Server::builder()
+            .add_service(RouteGuideServer::new(Recorder(events.clone())))
+            .grpc("127.0.0.1:0"),
+        url,
+    )
+}
+
 /// A route guide whose `record_route` records each point, the end of its
 /// request stream and its own end (`"gone"`), and whose `route_chat` does
 /// the same for its notes, `"gone"` marking the drop of its reader of
@@ -896,12 +906,7 @@ fn a_grpc_client_cancelling_its_request_stream_is_not_taken_for_its_end() {
     watchdog(|| {
         for round in 0..5 {
             let events = Events::default();
-            let server = serve(
-                Server::builder()
-                    .add_service(RouteGuideServer::new(Recorder(events.clone())))
-                    .grpc("127.0.0.1:0"),
-                &format!("mem://grpc-cancelled-upload-{round}"),
-            );
+            let server = serve_recorder(&events, &format!("mem://grpc-cancelled-upload-{round}"));
             let addr = server.grpc_addr().expect("a gRPC face");
             runtime().block_on(async {
                 let mut guide = RouteGuideClient::connect(format!("http://{addr}"))
@@ -982,12 +987,7 @@ fn reset_mid_request_stream(
 ) {
     watchdog(move || {
         let events = Events::default();
-        let server = serve(
-            Server::builder()
-                .add_service(RouteGuideServer::new(Recorder(events.clone())))
-                .grpc("127.0.0.1:0"),
-            &format!("mem://grpc-no-error-reset-{method}"),
-        );
+        let server = serve_recorder(&events, &format!("mem://grpc-no-error-reset-{method}"));
         let addr = server.grpc_addr().expect("a gRPC face");
         runtime().block_on(async {
             let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
