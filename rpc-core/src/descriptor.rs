@@ -29,6 +29,17 @@ pub enum MethodKind {
 }
 
 impl MethodKind {
+    /// The kind whose client streams requests if `client_streams` and
+    /// whose server streams responses if `server_streams`.
+    pub(crate) fn of(client_streams: bool, server_streams: bool) -> MethodKind {
+        match (client_streams, server_streams) {
+            (false, false) => MethodKind::Unary,
+            (false, true) => MethodKind::ServerStreaming,
+            (true, false) => MethodKind::ClientStreaming,
+            (true, true) => MethodKind::Streaming,
+        }
+    }
+
     /// Whether the client sends a stream of requests.
     pub fn client_streams(self) -> bool {
         matches!(self, MethodKind::ClientStreaming | MethodKind::Streaming)

@@ -763,17 +763,16 @@ where
                 self.failed = true;
                 Poll::Pending
             }
-            None if self.hold_end.is_some() => {
-                self.ended = true;
-                if let Some(held) = &self.hold_end {
-                    held.set();
-                }
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
             None => {
                 self.ended = true;
-                Poll::Ready(None)
+                match &self.hold_end {
+                    Some(held) => {
+                        held.set();
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                    None => Poll::Ready(None),
+                }
             }
         }
     }

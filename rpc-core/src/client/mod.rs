@@ -1956,12 +1956,7 @@ impl<F: Fabric> Client<F> {
             // The call's kind as this call is made (its descriptor could
             // say otherwise, if hand-built): requests streamed unless the
             // one request comes now, responses unless one answer ends it.
-            flags: Header::kind_flags(match (first.is_some(), final_message) {
-                (true, true) => MethodKind::Unary,
-                (true, false) => MethodKind::ServerStreaming,
-                (false, true) => MethodKind::ClientStreaming,
-                (false, false) => MethodKind::Streaming,
-            }),
+            flags: Header::kind_flags(MethodKind::of(first.is_none(), !final_message)),
             call_id: id,
             method_id: method.id,
             status: 0,

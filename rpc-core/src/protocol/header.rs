@@ -272,16 +272,10 @@ impl Header {
 
     /// The kind of call a `Request` opens, from its flags.
     pub fn call_kind(&self) -> crate::descriptor::MethodKind {
-        use crate::descriptor::MethodKind;
-        match (
+        crate::descriptor::MethodKind::of(
             self.flags & FLAG_REQUEST_STREAM != 0,
             self.flags & FLAG_RESPONSE_STREAM != 0,
-        ) {
-            (false, false) => MethodKind::Unary,
-            (false, true) => MethodKind::ServerStreaming,
-            (true, false) => MethodKind::ClientStreaming,
-            (true, true) => MethodKind::Streaming,
-        }
+        )
     }
 }
 
