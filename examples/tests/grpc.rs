@@ -794,6 +794,14 @@ impl Events {
     fn clear(&self) {
         self.0.lock().unwrap().clear();
     }
+
+    /// Waits until `event` is recorded; fails with `what` past `until`.
+    async fn wait_for(&self, event: &str, until: Instant, what: &str) {
+        while !self.has(event) {
+            assert!(Instant::now() < until, "{what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
 }
 
 /// Marks its handler's end, however it ends (dropped at an await, too).
@@ -919,15 +927,13 @@ fn a_grpc_client_cancelling_its_request_stream_is_not_taken_for_its_end() {
                 );
                 let call = tokio::spawn(async move { guide.record_route(points).await });
                 let until = Instant::now() + LIMIT;
-                while !events.has("point 2") {
-                    assert!(Instant::now() < until, "the points never arrived");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                events
+                    .wait_for("point 2", until, "the points never arrived")
+                    .await;
                 call.abort();
-                while !events.has("gone") {
-                    assert!(Instant::now() < until, "the handler was never dropped");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                events
+                    .wait_for("gone", until, "the handler was never dropped")
+                    .await;
             });
             assert!(
                 !events.has("end of stream"),
@@ -1029,15 +1035,10 @@ fn reset_mid_request_stream(
                     body.send_data(frame.into(), false).unwrap();
                 }
                 let until = Instant::now() + LIMIT;
-                while !events.has(&format!("{what} 2")) {
-                    assert!(Instant::now() < until, "the messages never arrived");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                let second = format!("{what} 2");
+                events.wait_for(&second, until, "the messages never arrived").await;
                 body.send_reset(h2::Reason::NO_ERROR);
-                while !events.has("gone") {
-                    assert!(Instant::now() < until, "the handler was never dropped");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                events.wait_for("gone", until, "the handler was never dropped").await;
                 reader.abort();
                 assert!(
                     !events.has("end of stream"),
