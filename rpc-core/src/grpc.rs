@@ -706,11 +706,23 @@ struct UntilFailed<S, F> {
     stream: S,
     map: F,
     failed: bool,
-    /// Where an end held back for a poll is told (the call's response
-    /// body gives up its poll too); None: an end goes on at once.
-    hold_end: Option<HeldEnd>,
+    /// Whether an end is held back for a poll, and who is told.
+    hold_end: HoldEnd,
     /// The inner stream ended (and is not polled again).
     ended: bool,
+}
+
+/// Whether an [`UntilFailed`] holds its end back for a poll.
+enum HoldEnd {
+    /// The end goes on at once (the gateway's streams).
+    No,
+    /// Held back; nobody else is told (a client-streaming call on the
+    /// face: its answer comes in its last frame, once its handler is
+    /// done, so the answer's own poll is all it takes).
+    Alone,
+    /// Held back, and the call's response body is told, to give up its
+    /// poll as well (a bidirectional call on the face).
+    Told(HeldEnd),
 }
 
 /// That a face call's request stream held its end back, for its response
@@ -730,7 +742,7 @@ impl HeldEnd {
 }
 
 impl<S, F> UntilFailed<S, F> {
-    fn new(stream: S, map: F, hold_end: Option<HeldEnd>) -> UntilFailed<S, F> {
+    fn new(stream: S, map: F, hold_end: HoldEnd) -> UntilFailed<S, F> {
         UntilFailed {
             stream,
             map,
@@ -766,13 +778,12 @@ where
             None => {
                 self.ended = true;
                 match &self.hold_end {
-                    Some(held) => {
-                        held.set();
-                        cx.waker().wake_by_ref();
-                        Poll::Pending
-                    }
-                    None => Poll::Ready(None),
+                    HoldEnd::No => return Poll::Ready(None),
+                    HoldEnd::Alone => {}
+                    HoldEnd::Told(held) => held.set(),
                 }
+                cx.waker().wake_by_ref();
+                Poll::Pending
             }
         }
     }
@@ -781,15 +792,15 @@ where
 /// A gRPC client's request stream, as our call on the face reads it.
 type Incoming = UntilFailed<tonic::Streaming<Bytes>, fn(Bytes) -> RawMessage>;
 
-fn incoming(stream: tonic::Streaming<Bytes>, held: HeldEnd) -> Incoming {
-    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)), Some(held))
+fn incoming(stream: tonic::Streaming<Bytes>, hold_end: HoldEnd) -> Incoming {
+    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)), hold_end)
 }
 
 /// Our client's request stream, as the gateway sends it to a gRPC server.
 fn to_server(
     stream: Streaming<RawMessage>,
 ) -> UntilFailed<Streaming<RawMessage>, fn(RawMessage) -> Bytes> {
-    UntilFailed::new(stream, |m| Bytes::from(m.0), None)
+    UntilFailed::new(stream, |m| Bytes::from(m.0), HoldEnd::No)
 }
 
 /// A server-streaming call (tonic's service traits, one type per kind),
@@ -823,13 +834,10 @@ impl tonic::server::ClientStreamingService<Bytes> for ClientStream {
 
     fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
         let (head, requests) = Call::head(request);
-        // The call's answer comes in its last frame, once its handler is
-        // done: a held end needs no more than the answer's own poll.
-        let held = HeldEnd::default();
         Box::pin(answer(self.0.start(
             head,
             None,
-            Some(incoming(requests, held)),
+            Some(incoming(requests, HoldEnd::Alone)),
         )))
     }
 }
@@ -843,8 +851,11 @@ impl tonic::server::StreamingService<Bytes> for Bidi {
         let (head, requests) = Call::head(request);
         let held = HeldEnd::default();
         Box::pin(started(
-            self.0
-                .start(head, None, Some(incoming(requests, held.clone()))),
+            self.0.start(
+                head,
+                None,
+                Some(incoming(requests, HoldEnd::Told(held.clone()))),
+            ),
             self.1.clone(),
             Some(held),
         ))
