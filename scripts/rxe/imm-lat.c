@@ -8,12 +8,15 @@
  *   write  RDMA WRITE into the peer's buffer; the peer polls the buffer's
  *          last byte (ib_write_lat's pattern).
  *   imm    RDMA WRITE WITH IMMEDIATE into the peer's buffer; the peer polls
- *          its receive CQ, fed by a shared receive queue (SRQ) that it
- *          restocks after each message (rdma-rpc's doorbell).
+ *          its receive CQ, fed by a shared receive queue (SRQ) from which
+ *          each message takes a zero-length receive, put back as soon as
+ *          its completion is polled (rdma-rpc's doorbell, and what its
+ *          verbs completion queue does).
  *
- * Sends are inline and signaled one in 16 (their completions reaped on the
- * way), as rdma-rpc posts them. Prints, per pattern, the round trip's
- * median and the one-way figure ib_write_lat prints (half of it):
+ * Sends are inline, as rdma-rpc posts small ones, and signaled one in 16
+ * (their completions reaped on the way). The two patterns alternate, in
+ * turn first. Prints, per pattern, the round trip's median and the
+ * one-way figure ib_write_lat prints (half of it):
  *
  *   gcc -O2 -Wall -pthread -o imm-lat imm-lat.c -libverbs
  *   scripts/rxe/run -- ./imm-lat [rounds [iterations [device [gid_index]]]]
@@ -86,7 +89,9 @@ static void post_recv(struct side *s) {
   CHECK(!ibv_post_srq_recv(s->srq, &w, &bad));
 }
 
-/* Sends message number `seq` (its last byte says which) to the peer. */
+/* Sends message number `seq` to the peer. Its last byte is never 0, and
+ * the waiter sets it back to 0 once seen, before it replies: the peer's
+ * next message can only come after that reply. */
 static void send_one(struct side *s, uint64_t seq) {
   s->sbuf[SIZE - 1] = (char)(seq | 1);
   struct ibv_sge sge = {.addr = (uintptr_t)s->sbuf, .length = SIZE, .lkey = s->smr->lkey};
@@ -221,7 +226,8 @@ int main(int argc, char **argv) {
   struct ibv_pd *pd = ibv_alloc_pd(ctx);
   CHECK(pd);
   for (int r = 1; r <= rounds; r++) {
-    for (imm_mode = 0; imm_mode <= 1; imm_mode++) {
+    for (int k = 0; k <= 1; k++) {
+      imm_mode = (r + k) % 2;
       double p50 = run(ctx, pd, &gid, gidx);
       printf("round=%d pattern=%s size=%d iterations=%ld rtt_p50_us=%.2f one_way_us=%.2f\n", r,
              imm_mode ? "imm" : "write", SIZE, iterations, p50, p50 / 2);
