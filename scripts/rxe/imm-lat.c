@@ -39,6 +39,8 @@
     }                                                              \
   } while (0)
 
+#include "rc-qp.h"
+
 enum { SIZE = 64, BUF = 4096, DEPTH = 64, SIGNAL_EVERY = 16, WARMUP = 1000 };
 
 struct side {
@@ -56,33 +58,6 @@ struct side {
 
 static int imm_mode;
 static long iterations;
-
-static void to_rts(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid *gid, int gidx) {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-  CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dqpn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = *gid;
-  a.ah_attr.grh.sgid_index = gidx;
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = 1;
-  CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
-}
 
 static void post_recv(struct side *s) {
   struct ibv_recv_wr w = {.wr_id = 7, .sg_list = NULL, .num_sge = 0}, *bad;
@@ -182,8 +157,8 @@ static double run(struct ibv_context *ctx, struct ibv_pd *pd, const union ibv_gi
   memset(&b, 0, sizeof b);
   setup(&a, ctx, pd);
   setup(&b, ctx, pd);
-  to_rts(a.qp, b.qp->qp_num, gid, gidx);
-  to_rts(b.qp, a.qp->qp_num, gid, gidx);
+  to_rts(a.qp, b.qp->qp_num, gid, gidx, IBV_ACCESS_REMOTE_WRITE);
+  to_rts(b.qp, a.qp->qp_num, gid, gidx, IBV_ACCESS_REMOTE_WRITE);
   a.raddr = (uintptr_t)b.rbuf;
   a.rkey = b.rmr->rkey;
   b.raddr = (uintptr_t)a.rbuf;

@@ -24,36 +24,9 @@
     }                                                                \
   } while (0)
 
-enum { BUF = 4096, IMM = 0xC0FFEE, POLL_SECONDS = 10 };
+#include "rc-qp.h"
 
-static void to_rts(struct ibv_qp *qp, uint32_t dqpn, const union ibv_gid *gid, int gidx) {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
-  CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = dqpn;
-  a.rq_psn = 0;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = *gid;
-  a.ah_attr.grh.sgid_index = gidx;
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTS;
-  a.timeout = 14;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.sq_psn = 0;
-  a.max_rd_atomic = 1;
-  CHECK(!ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
-}
+enum { BUF = 4096, IMM = 0xC0FFEE, POLL_SECONDS = 10 };
 
 /* Busy-polls one completion, for at most POLL_SECONDS, and requires success. */
 static struct ibv_wc poll1(struct ibv_cq *cq) {
@@ -109,8 +82,8 @@ int main(int argc, char **argv) {
       .cap = {.max_send_wr = 16, .max_send_sge = 1}};
   struct ibv_qp *receiver = ibv_create_qp(pd, &receiver_attr);
   CHECK(receiver);
-  to_rts(sender, receiver->qp_num, &gid, gidx);
-  to_rts(receiver, sender->qp_num, &gid, gidx);
+  to_rts(sender, receiver->qp_num, &gid, gidx, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  to_rts(receiver, sender->qp_num, &gid, gidx, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 
   /* Two SRQ receives: one consumed by WRITE_WITH_IMM, one by SEND. */
   for (int i = 0; i < 2; i++) {
