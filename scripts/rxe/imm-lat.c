@@ -188,14 +188,7 @@ int main(int argc, char **argv) {
   const char *name = argc > 3 ? argv[3] : "rxe0";
   int gidx = argc > 4 ? atoi(argv[4]) : 1;
   CHECK(rounds > 0 && iterations > 0);
-  int n;
-  struct ibv_device **list = ibv_get_device_list(&n), *dev = NULL;
-  CHECK(list);
-  for (int i = 0; i < n; i++)
-    if (!strcmp(ibv_get_device_name(list[i]), name)) dev = list[i];
-  CHECK(dev);
-  struct ibv_context *ctx = ibv_open_device(dev);
-  CHECK(ctx);
+  struct ibv_context *ctx = open_device(name);
   union ibv_gid gid;
   CHECK(!ibv_query_gid(ctx, 1, gidx, &gid));
   struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -210,6 +203,5 @@ int main(int argc, char **argv) {
     }
   }
   CHECK(!ibv_dealloc_pd(pd) && !ibv_close_device(ctx));
-  ibv_free_device_list(list);
   return 0;
 }

@@ -1,11 +1,27 @@
-/* rc-qp.h: brings an RC queue pair to RTS against a peer on the same rxe
- * device, for the guest's C tools (verbs-smoke.c, imm-lat.c). The includer
- * defines CHECK(x), which reports and exits when x is false. */
+/* rc-qp.h: opens a device by name and brings an RC queue pair to RTS
+ * against a peer on the same device, for the guest's C tools
+ * (verbs-smoke.c, imm-lat.c). The includer defines CHECK(x), which reports
+ * and exits when x is false. */
 #ifndef RC_QP_H
 #define RC_QP_H
 
 #include <infiniband/verbs.h>
 #include <string.h>
+
+/* Opens the device called `name`. */
+static struct ibv_context *open_device(const char *name) {
+  int n;
+  struct ibv_device **list = ibv_get_device_list(&n), *dev = NULL;
+  CHECK(list);
+  for (int i = 0; i < n; i++)
+    if (!strcmp(ibv_get_device_name(list[i]), name)) dev = list[i];
+  CHECK(dev);
+  struct ibv_context *ctx = ibv_open_device(dev);
+  CHECK(ctx);
+  /* An open device outlives the list it was found in. */
+  ibv_free_device_list(list);
+  return ctx;
+}
 
 /* INIT (with `access` for the peer), RTR towards QP `dqpn` at `gid`
  * (GID index `gidx` on port 1), then RTS; PSNs start at 0. */

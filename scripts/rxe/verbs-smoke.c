@@ -49,14 +49,7 @@ static struct ibv_wc poll1(struct ibv_cq *cq) {
 int main(int argc, char **argv) {
   const char *name = argc > 1 ? argv[1] : "rxe0";
   int gidx = argc > 2 ? atoi(argv[2]) : 1;
-  int n;
-  struct ibv_device **list = ibv_get_device_list(&n), *dev = NULL;
-  CHECK(list);
-  for (int i = 0; i < n; i++)
-    if (!strcmp(ibv_get_device_name(list[i]), name)) dev = list[i];
-  CHECK(dev);
-  struct ibv_context *ctx = ibv_open_device(dev);
-  CHECK(ctx);
+  struct ibv_context *ctx = open_device(name);
   union ibv_gid gid;
   CHECK(!ibv_query_gid(ctx, 1, gidx, &gid));
   struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -129,7 +122,6 @@ int main(int argc, char **argv) {
   CHECK(!ibv_destroy_cq(scq) && !ibv_destroy_cq(rcq));
   CHECK(!ibv_dereg_mr(smr) && !ibv_dereg_mr(rmr) && !ibv_dealloc_pd(pd));
   CHECK(!ibv_close_device(ctx));
-  ibv_free_device_list(list);
   free(sbuf);
   free(rbuf);
   puts("verbs-smoke: PASS");
