@@ -125,7 +125,7 @@ on_every_fabric! {
         for c in calls {
             c.join().unwrap();
         }
-        eventually(HUGE_LIMIT, "every buffer back", || {
+        eventually_within(HUGE_LIMIT, "every buffer back", || {
             rpc_core::fabric::buffer_bytes().0 == 0
         });
     }
@@ -184,7 +184,7 @@ fn cancel_waiting_lent_requests(url: &str, len: usize, calls: u64) -> u64 {
     drop(payload);
     probe.open_gate("go");
     blocker.wait().unwrap();
-    eventually(LIMIT, "the client's lent requests come back", || {
+    eventually("the client's lent requests come back", || {
         rpc_core::fabric::buffer_bytes().0 == 0
     });
     let posted = rpc_core::testing::reads_posted() - before;
@@ -211,14 +211,6 @@ fn big_pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Waits up to `limit` for `f` to hold.
-fn eventually(limit: std::time::Duration, what: &str, f: impl Fn() -> bool) {
-    let until = std::time::Instant::now() + limit;
-    while !f() {
-        assert!(std::time::Instant::now() < until, "{what}");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 /// A request and a response of `len` bytes each, every byte checked (the
 /// echo answers with what it received); then no buffer stays in use.
 fn huge_round_trip(url: &str, len: usize) {
@@ -235,7 +227,7 @@ fn huge_round_trip(url: &str, len: usize) {
     assert!(got == payload, "the echo of {len} bytes differs");
     eprintln!("{len} bytes each way in {:?}", started.elapsed());
     drop(got);
-    eventually(LIMIT, "buffers in use return once the call is done", || {
+    eventually("buffers in use return once the call is done", || {
         rpc_core::fabric::buffer_bytes().0 == 0
     });
     // Each side may keep its last large buffer (more than `len` bytes) for
@@ -245,11 +237,9 @@ fn huge_round_trip(url: &str, len: usize) {
     // per side.
     drop(echo);
     drop(server);
-    eventually(
-        LIMIT,
-        "large buffers kept for reuse are freed once unused",
-        || rpc_core::fabric::buffer_bytes().1 <= 2 * (256 << 20),
-    );
+    eventually("large buffers kept for reuse are freed once unused", || {
+        rpc_core::fabric::buffer_bytes().1 <= 2 * (256 << 20)
+    });
 }
 
 on_soft_fabrics! {
@@ -283,13 +273,13 @@ fn lost_mid_transfer(url: &str, len: usize, limit: std::time::Duration) {
     });
     // Both sides hold a buffer: the client's lent request, the server's
     // destination.
-    eventually(limit, "the transfer starts", || {
+    eventually_within(limit, "the transfer starts", || {
         rpc_core::fabric::buffer_bytes().0 >= 2 * len
     });
     drop(server);
     let err = call.join().unwrap().expect_err("the server went away");
     assert_eq!(err.code(), rpc_core::Code::Unavailable, "{err}");
-    eventually(limit, "no buffer is left in use", || {
+    eventually_within(limit, "no buffer is left in use", || {
         rpc_core::fabric::buffer_bytes().0 == 0
     });
 }

@@ -602,7 +602,14 @@ pub fn metadata_len(entries: &[(&str, &str)]) -> usize {
 /// notification to wait on, such as a counter in the library).
 #[track_caller]
 pub fn eventually(what: &str, check: impl Fn() -> bool) {
-    let deadline = Instant::now() + LIMIT;
+    eventually_within(LIMIT, what, check)
+}
+
+/// [`eventually`] with its own time limit, for waits that can take longer
+/// (a transfer of hundreds of megabytes in the emulated guest).
+#[track_caller]
+pub fn eventually_within(limit: Duration, what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(5));
