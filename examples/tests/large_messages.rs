@@ -210,7 +210,6 @@ fn big_pattern(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// Waits up to `limit` for `f` to hold.
 /// A request and a response of `len` bytes each, every byte checked (the
 /// echo answers with what it received); then no buffer stays in use.
 fn huge_round_trip(url: &str, len: usize) {
