@@ -30,15 +30,7 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(x)                                                   \
-  do {                                                             \
-    if (!(x)) {                                                    \
-      perror(#x);                                                  \
-      fprintf(stderr, "imm-lat: FAIL at line %d\n", __LINE__);     \
-      exit(1);                                                     \
-    }                                                              \
-  } while (0)
-
+#define TOOL "imm-lat"
 #include "rc-qp.h"
 
 enum { SIZE = 64, BUF = 4096, DEPTH = 64, SIGNAL_EVERY = 16, WARMUP = 1000 };

@@ -1,12 +1,24 @@
-/* rc-qp.h: opens a device by name and brings an RC queue pair to RTS
- * against a peer on the same device, for the guest's C tools
- * (verbs-smoke.c, imm-lat.c). The includer defines CHECK(x), which reports
- * and exits when x is false. */
+/* rc-qp.h: what the guest's C tools (verbs-smoke.c, imm-lat.c) share:
+ * CHECK, opening a device by name, and bringing an RC queue pair to RTS
+ * against a peer on the same device. The includer defines TOOL, its name
+ * as failures print it. */
 #ifndef RC_QP_H
 #define RC_QP_H
 
 #include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* Reports `x` (with errno) and the line, and exits, if `x` is false. */
+#define CHECK(x)                                                 \
+  do {                                                           \
+    if (!(x)) {                                                  \
+      perror(#x);                                                \
+      fprintf(stderr, TOOL ": FAIL at line %d\n", __LINE__);     \
+      exit(1);                                                   \
+    }                                                            \
+  } while (0)
 
 /* Opens the device called `name`. */
 static struct ibv_context *open_device(const char *name) {

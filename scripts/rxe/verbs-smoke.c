@@ -15,15 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(x)                                                     \
-  do {                                                               \
-    if (!(x)) {                                                      \
-      perror(#x);                                                    \
-      fprintf(stderr, "verbs-smoke: FAIL at line %d\n", __LINE__);   \
-      exit(1);                                                       \
-    }                                                                \
-  } while (0)
-
+#define TOOL "verbs-smoke"
 #include "rc-qp.h"
 
 enum { BUF = 4096, IMM = 0xC0FFEE, POLL_SECONDS = 10 };
