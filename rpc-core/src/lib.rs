@@ -73,6 +73,7 @@ pub mod reflection;
 mod request;
 pub mod server;
 mod slot;
+pub mod stages;
 mod status;
 mod streaming;
 mod sync;

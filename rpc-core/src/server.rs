@@ -863,6 +863,7 @@ where
                 Poll::Ready(())
             }
             Poll::Ready(Some(outcome)) => {
+                crate::stages::mark(crate::stages::Stage::HandlerDone);
                 if let Some(call) = this.call.take() {
                     match outcome {
                         Ok(result) => call.reply(result),
@@ -1861,6 +1862,7 @@ impl<F: Fabric> Role<F> for ServerRole {
     const SIDE: Side = Side::Server;
 
     fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
+        crate::stages::mark_once(crate::stages::Stage::ServerFrame);
         let h = frame.header;
         #[cfg(feature = "testing")]
         fault::check(h.method_id);

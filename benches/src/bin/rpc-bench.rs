@@ -137,6 +137,14 @@ fn run(o: &Options) -> i32 {
     let ours = Measurement::from_totals(Kind::Rpc, &fabric, ours_url, params, &ours_totals);
     drop(ours_bench);
     say(&ours);
+    // Built with the `stages` feature: where a lone call's time went.
+    if let Some(r) = rpc_core::stages::report() {
+        let mut line = format!("stages: calls={} total_us={:.2}", r.calls, r.total_us);
+        for (name, us) in rpc_core::stages::NAMES.iter().zip(r.stage_us).skip(1) {
+            line.push_str(&format!(" {name}={us:.2}"));
+        }
+        say(&line);
+    }
     if let Some(e) = &ours.first_error {
         eprintln!("rpc-bench: first error: {e}");
     }

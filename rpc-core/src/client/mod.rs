@@ -1167,6 +1167,7 @@ impl Channel {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
+        crate::stages::mark(crate::stages::Stage::CallStart);
         let mut request = request;
         if let Err(status) = self.intercept(method, request.metadata_mut()) {
             return UnaryCall::failed(status);
@@ -2098,6 +2099,7 @@ impl<F: Fabric> Role<F> for ClientRole {
     }
 
     fn on_frame(&self, ep: &Endpoint<F, Self>, conn: &Arc<Conn<F>>, frame: Frame) {
+        crate::stages::mark_once(crate::stages::Stage::ClientFrame);
         let h = frame.header;
         match h.kind {
             FrameKind::Response | FrameKind::Error | FrameKind::Message | FrameKind::Window => {}
@@ -2544,6 +2546,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
     pub fn wait(mut self) -> Result<Response<T>, Status> {
         crate::dispatch::warn_if_on_a_dispatcher("UnaryCall::wait");
         let mut result = self.wait_inner();
+        crate::stages::finish();
         self.note_end(&mut result);
         result
     }
@@ -2567,6 +2570,7 @@ impl<T: prost::Message + Default> UnaryCall<T> {
         let weak = Arc::downgrade(&conn);
         drop(conn);
         let outcome = wait_slot(&slot);
+        crate::stages::mark(crate::stages::Stage::ClientTaken);
         match weak.upgrade() {
             Some(conn) => {
                 if let Some(t) = started.filter(|_| sampled) {

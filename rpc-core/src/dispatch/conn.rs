@@ -732,6 +732,12 @@ impl<F: Fabric> Conn<F> {
             _ => (transmits, None),
         };
         debug_assert!(batch.iter().all(|t| !t.silent), "a silent write is last");
+        let client = self.side == crate::observe::Side::Client;
+        crate::stages::mark(if client {
+            crate::stages::Stage::RequestPost
+        } else {
+            crate::stages::Stage::ResponsePost
+        });
         let result = match qp.as_mut() {
             // An empty batch (a heartbeat alone) posts nothing.
             Some(qp) => qp
@@ -754,6 +760,11 @@ impl<F: Fabric> Conn<F> {
                 .map_err(|e| e.to_string()),
             None => Err("queue pair destroyed".to_owned()),
         };
+        crate::stages::mark(if client {
+            crate::stages::Stage::RequestPosted
+        } else {
+            crate::stages::Stage::ResponsePosted
+        });
         if let Err(why) = &result {
             self.set_failure(why.clone());
         }

@@ -439,6 +439,11 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         for (i, c) in batch.iter().enumerate() {
             if let CompletionKind::RecvImm { .. } = c.kind {
                 *consumed_recvs += 1;
+                crate::stages::mark_once(if R::SIDE == crate::observe::Side::Client {
+                    crate::stages::Stage::ClientPolled
+                } else {
+                    crate::stages::Stage::ServerPolled
+                });
             }
             LAST_COMPLETION.set(i + 1 == n);
             // A bug met while handling one connection's completion ends
@@ -513,7 +518,13 @@ impl<F: Fabric, R: Role<F>> Endpoint<F, R> {
         self.poll.poll_until(
             done,
             || self.stop.load(Ordering::Acquire),
-            |st| self.turn(st),
+            |st| {
+                let handled = self.turn(st);
+                if handled > 0 {
+                    crate::stages::mark(crate::stages::Stage::ClientTurnDone);
+                }
+                handled
+            },
             idle,
             others_waiting,
             self.call_waits.short(),
