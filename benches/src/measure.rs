@@ -195,6 +195,10 @@ pub enum Kind {
     Channel,
     /// rdma-rpc on tcp:// without TLS: the baseline of its runs over TLS.
     Plaintext,
+    /// eRPC's echo benchmark (`erpc_bench`), a peer RPC system run beside
+    /// rdma:// in the same guest boot: its records are written by
+    /// `scripts/bench`, not by `rpc-bench`.
+    Erpc,
 }
 
 impl Kind {
@@ -206,6 +210,7 @@ impl Kind {
             Kind::Perftest => "verbs",
             Kind::Channel => "channel",
             Kind::Plaintext => "plaintext",
+            Kind::Erpc => "erpc",
         }
     }
 }

@@ -143,6 +143,10 @@ pub struct Target {
     pub at_most: bool,
     /// The bound.
     pub bound: f64,
+    /// The system the ratio is taken against where it is not the fabric's
+    /// baseline: a peer run beside rdma:// in the same guest boot
+    /// ([`Kind::Erpc`]), judged from the medians of [`peer_cells`].
+    pub against: Option<Kind>,
 }
 
 const fn target(
@@ -161,6 +165,7 @@ const fn target(
         figure,
         at_most,
         bound,
+        against: None,
     }
 }
 
@@ -172,18 +177,28 @@ impl Target {
             ..self
         }
     }
+
+    /// The same target, a ratio against `peer` instead of the baseline.
+    const fn against(self, peer: Kind) -> Target {
+        Target {
+            against: Some(peer),
+            ..self
+        }
+    }
 }
 
 /// The targets, with default settings: tcp:// at 64 B and 1 KiB, at 1, 8
 /// and 64 calls outstanding, p50 ≤ 0.5×, rps ≥ 2× and CPU per call ≤ 0.5×
-/// tonic's; mem:// 64 B p50 ≤ 3× the channel ping-pong at concurrency 1,
-/// and at 64 at least 1,000,000 calls/s at ≤ 1.5 µs of CPU per call;
+/// tonic's; mem:// 64 B p50 ≤ 2× the channel ping-pong's at concurrency
+/// 1, and at 64 CPU per call ≤ 1.5× and rps ≥ 0.6× the channel's;
 /// rdma:// 64 B p50 ≤ 1.5× perftest's at concurrency 1, rps ≥ 0.6×
-/// perftest's at 8, and rps at 8 ≥ 2× rps at 1; tcp:// server streaming of
-/// 64 B messages at ≥ 3× tonic's messages per second. Bandwidth (one
-/// server stream of large messages, by rendezvous): 1 MiB messages on
-/// tcp:// at ≥ 1.5× tonic's MB/s; on rdma://, 1 MiB and larger at ≥ 0.8×
-/// `ib_write_bw`'s at the same size.
+/// perftest's at 8, and rps at 8 ≥ 2× rps at 1; against eRPC in the same
+/// guest boot, rdma:// 64 B p50 ≤ 1× and rps ≥ 1× eRPC's at concurrency 1,
+/// and rps ≥ 1.2× eRPC's at 8; tcp:// server streaming of 64 B messages
+/// at ≥ 3× tonic's messages per second. Bandwidth (one server stream of
+/// large messages, by rendezvous): 1 MiB messages on tcp:// at ≥ 1.5×
+/// tonic's MB/s; on rdma://, 1 MiB and larger at ≥ 0.8× `ib_write_bw`'s
+/// at the same size.
 pub const TARGETS: &[Target] = &[
     target("tcp", 64, 1, Figure::RatioP50, true, 0.5),
     target("tcp", 64, 1, Figure::RatioRps, false, 2.0),
@@ -203,12 +218,15 @@ pub const TARGETS: &[Target] = &[
     target("tcp", 1024, 64, Figure::RatioP50, true, 0.5),
     target("tcp", 1024, 64, Figure::RatioRps, false, 2.0),
     target("tcp", 1024, 64, Figure::RatioCpu, true, 0.5),
-    target("mem", 64, 1, Figure::RatioP50, true, 3.0),
-    target("mem", 64, 64, Figure::Rps, false, 1_000_000.0),
-    target("mem", 64, 64, Figure::CpuPerCall, true, 1.5),
+    target("mem", 64, 1, Figure::RatioP50, true, 2.0),
+    target("mem", 64, 64, Figure::RatioCpu, true, 1.5),
+    target("mem", 64, 64, Figure::RatioRps, false, 0.6),
     target("rdma", 64, 1, Figure::RatioP50, true, 1.5),
     target("rdma", 64, 8, Figure::RatioRps, false, 0.6),
     target("rdma", 64, 8, Figure::RpsOver(1), false, 2.0),
+    target("rdma", 64, 1, Figure::RatioP50, true, 1.0).against(Kind::Erpc),
+    target("rdma", 64, 1, Figure::RatioRps, false, 1.0).against(Kind::Erpc),
+    target("rdma", 64, 8, Figure::RatioRps, false, 1.2).against(Kind::Erpc),
     target("tcp", 64, 1, Figure::RatioRps, false, 3.0).on_streams(),
     target("tcp", 1 << 20, 1, Figure::RatioRps, false, 1.5).on_streams(),
     target("rdma", 1 << 20, 1, Figure::RatioRps, false, 0.8).on_streams(),
@@ -238,8 +256,26 @@ impl Target {
         }
     }
 
-    /// The measured figure, and the errors of the runs it comes from.
-    fn measure(&self, map: &BTreeMap<Key, &Measurement>, base: Kind) -> (Option<f64>, u64) {
+    /// The measured figure, and the errors of the runs it comes from:
+    /// from `map` against the baseline `base`, or from `peers` for a
+    /// target against a peer.
+    fn measure(
+        &self,
+        map: &BTreeMap<Key, &Measurement>,
+        base: Kind,
+        peers: &[PeerCell],
+    ) -> (Option<f64>, u64) {
+        if let Some(peer) = self.against {
+            let cell = peers.iter().find(|c| {
+                c.peer == peer && c.size == self.size && c.concurrency == self.concurrency
+            });
+            let v = cell.and_then(|c| match self.figure {
+                Figure::RatioP50 => c.ratio_p50,
+                Figure::RatioRps => c.ratio_rps,
+                _ => None,
+            });
+            return (v, cell.map_or(0, |c| c.errors));
+        }
         let at = |kind: Kind, c: usize| map.get(&(kind, self.fabric.to_owned(), self.size, c, 1));
         let ours = at(Kind::Rpc, self.concurrency);
         let theirs = at(base, self.concurrency);
@@ -264,6 +300,125 @@ impl Target {
             }
         }
     }
+
+    /// The verdict on `value`, measured in runs with `errors` errors.
+    fn verdict(&self, value: Option<f64>, errors: u64) -> &'static str {
+        match value.filter(|v| v.is_finite()) {
+            Some(_) if errors > 0 => "not judged: calls failed",
+            Some(v) if (self.at_most && v <= self.bound) || (!self.at_most && v >= self.bound) => {
+                "**met**"
+            }
+            Some(_) => "**not met**",
+            None => "no data",
+        }
+    }
+}
+
+/// One rdma:// unary cell (one connection) measured both by us and by a
+/// peer RPC system in the same guest boot, the two alternating in rounds.
+/// Figures are medians over the paired rounds (the mean of the two middle
+/// ones for an even count); `None` where no round paired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerCell {
+    /// The peer.
+    pub peer: Kind,
+    /// Payload size, bytes.
+    pub size: usize,
+    /// Calls outstanding.
+    pub concurrency: usize,
+    /// Rounds in which a run of ours and one of the peer's paired.
+    pub rounds: usize,
+    /// The peer's runs in this cell, paired or not.
+    pub peer_runs: usize,
+    /// Median of our p50s, µs.
+    pub ours_p50_us: Option<f64>,
+    /// Median of our calls per second.
+    pub ours_rps: Option<f64>,
+    /// Median of the peer's p50s, µs.
+    pub peer_p50_us: Option<f64>,
+    /// Median of the peer's calls per second.
+    pub peer_rps: Option<f64>,
+    /// Median over the rounds of our p50 / the peer's.
+    pub ratio_p50: Option<f64>,
+    /// Median over the rounds of our calls/s / the peer's.
+    pub ratio_rps: Option<f64>,
+    /// Failed calls and wrong echoes in the paired runs, both sides.
+    pub errors: u64,
+    /// The peer's paired runs that a busy host disturbed: retransmissions
+    /// (`retx` among its figures) over 1 % of its calls, or p99 over 5 ms.
+    pub unsteady: usize,
+}
+
+/// The median of the finite values, `None` if there are none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// The rdma:// unary cells in which `peer` ran, each of its runs paired
+/// with the run of ours next to it in `records` (the sweep alternates the
+/// two in each cell, which one goes first changing from round to round,
+/// and writes the records in the order they ran). A run left without a
+/// neighbour of the other side, as when one failed, is not counted.
+pub fn peer_cells(records: &[Measurement], peer: Kind) -> Vec<PeerCell> {
+    let mut cells: BTreeMap<(usize, usize), Vec<&Measurement>> = BTreeMap::new();
+    for r in records.iter().filter(|r| {
+        r.fabric == "rdma"
+            && r.mode == Mode::Unary
+            && r.connections == 1
+            && (r.kind == Kind::Rpc || r.kind == peer)
+    }) {
+        cells.entry((r.size, r.concurrency)).or_default().push(r);
+    }
+    cells
+        .into_iter()
+        .filter(|(_, runs)| runs.iter().any(|r| r.kind == peer))
+        .map(|((size, concurrency), runs)| {
+            let mut pairs: Vec<(&Measurement, &Measurement)> = Vec::new();
+            let mut i = 0;
+            while i + 1 < runs.len() {
+                let (a, b) = (runs[i], runs[i + 1]);
+                if a.kind == b.kind {
+                    i += 1;
+                    continue;
+                }
+                pairs.push(if a.kind == Kind::Rpc { (a, b) } else { (b, a) });
+                i += 2;
+            }
+            let of = |f: &dyn Fn(&(&Measurement, &Measurement)) -> f64| {
+                median(pairs.iter().map(f).collect())
+            };
+            PeerCell {
+                peer,
+                size,
+                concurrency,
+                rounds: pairs.len(),
+                peer_runs: runs.iter().filter(|r| r.kind == peer).count(),
+                ours_p50_us: of(&|(o, _)| o.p50_us),
+                ours_rps: of(&|(o, _)| o.rps),
+                peer_p50_us: of(&|(_, p)| p.p50_us),
+                peer_rps: of(&|(_, p)| p.rps),
+                ratio_p50: of(&|(o, p)| o.p50_us / p.p50_us),
+                ratio_rps: of(&|(o, p)| o.rps / p.rps),
+                errors: pairs.iter().map(|(o, p)| o.errors + p.errors).sum(),
+                unsteady: pairs
+                    .iter()
+                    .filter(|(_, p)| {
+                        p.p99_us > 5000.0
+                            || p.extra
+                                .get("retx")
+                                .is_some_and(|&retx| retx * 100.0 > p.calls as f64)
+                    })
+                    .count(),
+            }
+        })
+        .collect()
 }
 
 /// Renders the report: the markdown, and the SVG files (name, content) it
@@ -275,16 +430,23 @@ pub fn render(
 ) -> (String, Vec<(String, String)>) {
     let map = representative(records, Mode::Unary);
     let streams = representative(records, Mode::Stream);
+    let peers = peer_cells(records, Kind::Erpc);
     let mut md = String::new();
     let mut svgs = Vec::new();
     md.push_str(preamble.trim_end());
     md.push_str("\n\n");
 
     md.push_str("## Targets\n\n");
-    md.push_str("Judged from the figures below, as measured; ratios are ours / baseline.\n\n");
+    md.push_str(
+        "Judged from the figures below, as measured; ratios are ours / baseline \
+         (against eRPC: medians over the rounds of one guest boot, see below).\n\n",
+    );
     md.push_str("| fabric | size | concurrency | figure | target | measured | verdict |\n|---|---|---|---|---|---|---|\n");
     for t in TARGETS {
-        let Some(base) = FABRICS.iter().find(|f| f.0 == t.fabric).map(|f| f.1) else {
+        let Some(base) = t
+            .against
+            .or_else(|| FABRICS.iter().find(|f| f.0 == t.fabric).map(|f| f.1))
+        else {
             continue;
         };
         let on = if t.mode == Mode::Stream {
@@ -292,14 +454,9 @@ pub fn render(
         } else {
             &map
         };
-        let (value, errors) = t.measure(on, base);
+        let (value, errors) = t.measure(on, base, &peers);
         let op = if t.at_most { "≤" } else { "≥" };
-        let verdict = match value.filter(|v| v.is_finite()) {
-            Some(_) if errors > 0 => "not judged: calls failed",
-            Some(v) if (t.at_most && v <= t.bound) || (!t.at_most && v >= t.bound) => "**met**",
-            Some(_) => "**not met**",
-            None => "no data",
-        };
+        let verdict = t.verdict(value, errors);
         let digits = if t.figure == Figure::Rps { 0 } else { 3 };
         let _ = writeln!(
             md,
@@ -499,7 +656,108 @@ pub fn render(
             md.push_str("\n\n");
         }
     }
+    // After the rdma:// section, the last of the fabrics.
+    erpc_section(&mut md, &peers);
     (md, svgs)
+}
+
+/// rdma:// against eRPC: a row per cell, with the targets against it.
+fn erpc_section(md: &mut String, cells: &[PeerCell]) {
+    md.push_str("## rdma:// against eRPC (same guest boot)\n\n");
+    if cells.is_empty() {
+        md.push_str(
+            "eRPC was not run in the last sweep: the rdma:// results hold no eRPC \
+             records. `scripts/bench` runs it beside the 64 B cells at 1 and 8 in \
+             flight when its `erpc_bench` binary is there (`$ERPC_BENCH`, default \
+             `/var/tmp/erpc/bin/erpc_bench`).\n\n",
+        );
+        return;
+    }
+    md.push_str(
+        "[eRPC](https://github.com/erpc-io/eRPC) (NSDI'19; its `infiniband` \
+         transport in RoCE mode: UD queue pairs, with its own reliability and \
+         congestion control) echoing the same payloads over the same `rxe0`, in \
+         the same guest boot as the rdma:// rows above: `erpc_bench`, one server \
+         process pinned to vCPU 0 for the cells and one client per run pinned \
+         to vCPU 1, one session \
+         with C requests outstanding, timed from `enqueue_request()` to the \
+         continuation over a fixed time after a warm-up. Ours: the rdma:// runs \
+         of those cells, default settings. The sweep alternates the two in \
+         rounds, which one goes first changing from round to round; the eRPC \
+         server, which polls even when idle, is stopped (SIGSTOP) while ours \
+         run. Each figure is the median over the \
+         rounds of that boot; each ratio (ours / eRPC) is the median of the \
+         rounds' ratios, our run of a round against the eRPC run beside it. \
+         Every eRPC run is in `results/log-rdma.txt` (`erpc c=` lines).\n\n",
+    );
+    md.push_str(
+        "| size | in flight | rounds | errors (both) | ours p50 µs | ours calls/s | eRPC p50 µs | eRPC calls/s | p50 ours/eRPC | target | verdict | calls/s ours/eRPC | target | verdict |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|\n",
+    );
+    for c in cells {
+        let judged = |figure: Figure, value: Option<f64>| {
+            TARGETS
+                .iter()
+                .find(|t| {
+                    t.against == Some(c.peer)
+                        && t.mode == Mode::Unary
+                        && t.size == c.size
+                        && t.concurrency == c.concurrency
+                        && t.figure == figure
+                })
+                .map_or_else(
+                    || "– | –".to_owned(),
+                    |t| {
+                        let op = if t.at_most { "≤" } else { "≥" };
+                        format!("{op} {} | {}", t.bound, t.verdict(value, c.errors))
+                    },
+                )
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            size_label(c.size),
+            c.concurrency,
+            c.rounds,
+            c.errors,
+            fmt_opt(c.ours_p50_us, 1),
+            fmt_opt(c.ours_rps, 0),
+            fmt_opt(c.peer_p50_us, 1),
+            fmt_opt(c.peer_rps, 0),
+            fmt_opt(c.ratio_p50, 3),
+            judged(Figure::RatioP50, c.ratio_p50),
+            fmt_opt(c.ratio_rps, 3),
+            judged(Figure::RatioRps, c.ratio_rps),
+        );
+    }
+    md.push('\n');
+    let unpaired: Vec<String> = cells
+        .iter()
+        .filter(|c| c.rounds < c.peer_runs)
+        .map(|c| {
+            format!(
+                "{} at {} in flight: {} of {} eRPC runs without a run of ours beside them",
+                size_label(c.size),
+                c.concurrency,
+                c.peer_runs - c.rounds,
+                c.peer_runs
+            )
+        })
+        .collect();
+    if !unpaired.is_empty() {
+        let _ = writeln!(md, "Not counted: {}.\n", unpaired.join("; "));
+    }
+    let unsteady: usize = cells.iter().map(|c| c.unsteady).sum();
+    if unsteady > 0 {
+        let rounds: usize = cells.iter().map(|c| c.rounds).sum();
+        let _ = writeln!(
+            md,
+            "**{unsteady} of the {rounds} eRPC runs saw millisecond stalls** \
+             (retransmissions over 1 % of calls, or p99 over 5 ms: the host \
+             descheduled the guest's vCPUs, and eRPC's retransmissions snowball \
+             then); their figures are unreliable.\n"
+        );
+    }
 }
 
 /// The `--stream` records: one table, each run beside its baseline.
@@ -586,31 +844,36 @@ mod tests {
 
     #[test]
     fn renders_tables_targets_and_charts() {
-        let ours = rec(Kind::Rpc, "mem", 64, 1, 10);
+        let ours = rec(Kind::Rpc, "mem", 64, 1, 9);
         let mut base = rec(Kind::Channel, "mem", 64, 1, 5);
         base.set_ratios(&ours);
         let (md, svgs) = render(&[ours, base], "# Report", "report");
         assert!(
-            md.contains("| mem:// | 64 B | 1 | ratio_p50_vs_channel | ≤ 3 | 2.000 | **met** |"),
+            md.contains("| mem:// | 64 B | 1 | ratio_p50_vs_channel | ≤ 2 | 1.800 | **met** |"),
             "{md}"
         );
         assert!(
             md.contains("| tcp:// | 64 B | 8 | ratio_rps_vs_tonic | ≥ 2 | – | no data |"),
             "{md}"
         );
-        // Absolute figures and scaling, judged from our own records.
+        // CPU and throughput against the channel's, and scaling, judged
+        // from our own records.
         let mut fast = rec(Kind::Rpc, "mem", 64, 64, 10);
-        fast.rps = 1_200_000.0;
+        fast.rps = 700_000.0;
         fast.cpu_us_per_call = Some(2.0);
+        let mut channel = rec(Kind::Channel, "mem", 64, 64, 1);
+        channel.rps = 1_000_000.0;
+        channel.cpu_us_per_call = Some(1.0);
+        channel.set_ratios(&fast);
         let one = rec(Kind::Rpc, "rdma", 64, 1, 100);
         let mut eight = rec(Kind::Rpc, "rdma", 64, 8, 100);
         eight.rps = one.rps * 1.5;
         let mut wide = rec(Kind::Rpc, "mem", 64, 64, 10);
         wide.connections = 16;
-        let (md, _) = render(&[fast, one, eight, wide], "# Report", "report");
+        let (md, _) = render(&[fast, channel, one, eight, wide], "# Report", "report");
         for row in [
-            "| mem:// | 64 B | 64 | rps | ≥ 1000000 | 1200000 | **met** |",
-            "| mem:// | 64 B | 64 | cpu_us_per_call | ≤ 1.5 | 2.000 | **not met** |",
+            "| mem:// | 64 B | 64 | ratio_cpu_vs_channel | ≤ 1.5 | 2.000 | **not met** |",
+            "| mem:// | 64 B | 64 | ratio_rps_vs_channel | ≥ 0.6 | 0.700 | **met** |",
             "| rdma:// | 64 B | 8 | rps / rps at concurrency 1 | ≥ 2 | 1.500 | **not met** |",
             "| 64 B | 64 | 16 | 100 |",
         ] {
@@ -619,6 +882,166 @@ mod tests {
         assert!(md.contains("## mem:// (baseline"));
         assert!(md.contains("](report/latency-mem.svg)"));
         assert_eq!(svgs.len(), 2);
+    }
+
+    /// A run of ours on rdma:// with the given p50 and calls/s.
+    fn ours_rdma(c: usize, p50_us: f64, rps: f64) -> Measurement {
+        let mut r = rec(Kind::Rpc, "rdma", 64, c, 100);
+        r.p50_us = p50_us;
+        r.rps = rps;
+        r
+    }
+
+    /// An eRPC record as `scripts/bench` writes it.
+    fn erpc(c: usize, p50_us: f64, rps: f64, retx: f64) -> Measurement {
+        let mut r = rec(Kind::Erpc, "rdma", 64, c, 100);
+        r.url = "erpc://192.0.2.1:31850".into();
+        r.p50_us = p50_us;
+        r.rps = rps;
+        r.extra.insert("retx".into(), retx);
+        r
+    }
+
+    /// Our run with the perftest record `rpc-bench` writes after it.
+    fn ours_and_perftest(c: usize, p50_us: f64, rps: f64) -> [Measurement; 2] {
+        let ours = ours_rdma(c, p50_us, rps);
+        let mut verbs = rec(Kind::Perftest, "rdma", 64, c, 20);
+        verbs.set_ratios(&ours);
+        [ours, verbs]
+    }
+
+    #[test]
+    fn erpc_rounds_pair_into_medians_and_verdicts() {
+        // Three rounds per cell, which side goes first alternating, as the
+        // sweep runs them: (p50 µs, calls/s) of ours, then of eRPC.
+        let rounds = [
+            (
+                1,
+                [
+                    (60.0, 10_000.0, 100.0, 5_000.0),
+                    (70.0, 9_000.0, 50.0, 12_000.0),
+                    (80.0, 8_000.0, 90.0, 7_000.0),
+                ],
+            ),
+            (
+                8,
+                [
+                    (200.0, 30_000.0, 300.0, 25_000.0),
+                    (210.0, 28_000.0, 280.0, 26_000.0),
+                    (190.0, 33_000.0, 250.0, 30_000.0),
+                ],
+            ),
+        ];
+        let mut records = Vec::new();
+        for (c, runs) in rounds {
+            for (round, (p50, rps, e_p50, e_rps)) in runs.into_iter().enumerate() {
+                let peer = erpc(c, e_p50, e_rps, 0.0);
+                if round % 2 == 0 {
+                    records.extend(ours_and_perftest(c, p50, rps));
+                    records.push(peer);
+                } else {
+                    records.push(peer);
+                    records.extend(ours_and_perftest(c, p50, rps));
+                }
+            }
+        }
+        let cells = peer_cells(&records, Kind::Erpc);
+        assert_eq!(cells.len(), 2);
+        let one = &cells[0];
+        assert_eq!(
+            (one.size, one.concurrency, one.rounds, one.peer_runs),
+            (64, 1, 3, 3)
+        );
+        assert_eq!(one.ours_p50_us, Some(70.0));
+        assert_eq!(one.ours_rps, Some(9_000.0));
+        assert_eq!(one.peer_p50_us, Some(90.0));
+        assert_eq!(one.peer_rps, Some(7_000.0));
+        // The median of the rounds' ratios (0.6, 1.4, 0.889 and 2.0, 0.75,
+        // 1.143), not the ratio of the medians (0.778 and 1.286).
+        assert_eq!(one.ratio_p50, Some(80.0 / 90.0));
+        assert_eq!(one.ratio_rps, Some(8_000.0 / 7_000.0));
+        assert_eq!(cells[1].ratio_rps, Some(33_000.0 / 30_000.0));
+        assert_eq!(cells[1].unsteady, 0);
+
+        let (md, _) = render(&records, "# Report", "report");
+        for row in [
+            "## rdma:// against eRPC (same guest boot)",
+            "| 64 B | 1 | 3 | 0 | 70.0 | 9000 | 90.0 | 7000 | 0.889 | ≤ 1 | **met** | 1.143 | ≥ 1 | **met** |",
+            "| 64 B | 8 | 3 | 0 | 200.0 | 30000 | 280.0 | 26000 | 0.750 | – | – | 1.100 | ≥ 1.2 | **not met** |",
+            "| rdma:// | 64 B | 1 | ratio_p50_vs_erpc | ≤ 1 | 0.889 | **met** |",
+            "| rdma:// | 64 B | 1 | ratio_rps_vs_erpc | ≥ 1 | 1.143 | **met** |",
+            "| rdma:// | 64 B | 8 | ratio_rps_vs_erpc | ≥ 1.2 | 1.100 | **not met** |",
+        ] {
+            assert!(md.contains(row), "{row} not in\n{md}");
+        }
+        assert!(!md.contains("not run in the last sweep"), "{md}");
+        assert!(!md.contains("Not counted"), "{md}");
+        assert!(!md.contains("millisecond stalls"), "{md}");
+        // The eRPC records do not change the perftest table's pick.
+        assert!(md.contains("| 64 B | 1 | 1 | 100 | 0 | 70.0 |"), "{md}");
+    }
+
+    #[test]
+    fn erpc_runs_without_a_neighbour_are_left_out() {
+        // Round 2's eRPC run failed (no record); round 3's retransmitted
+        // much; an eRPC run at the end has no run of ours beside it.
+        let records = vec![
+            ours_rdma(1, 60.0, 10_000.0),
+            erpc(1, 100.0, 5_000.0, 0.0),
+            ours_rdma(1, 70.0, 9_000.0),
+            ours_rdma(1, 80.0, 8_000.0),
+            erpc(1, 40.0, 16_000.0, 500.0),
+            erpc(1, 10.0, 1.0, 0.0),
+            rec(Kind::Erpc, "mem", 64, 1, 1),
+        ];
+        let cells = peer_cells(&records, Kind::Erpc);
+        assert_eq!(cells.len(), 1);
+        let c = &cells[0];
+        assert_eq!((c.rounds, c.peer_runs, c.unsteady), (2, 3, 1));
+        // Two rounds: the mean of the two.
+        assert_eq!(c.ours_p50_us, Some(70.0));
+        assert_eq!(c.peer_rps, Some(10_500.0));
+        assert_eq!(c.ratio_p50, Some((0.6 + 2.0) / 2.0));
+        assert_eq!(c.ratio_rps, Some((2.0 + 0.5) / 2.0));
+        let (md, _) = render(&records, "# Report", "report");
+        for text in [
+            "| 64 B | 1 | 2 | 0 | 70.0 | 9000 |",
+            "Not counted: 64 B at 1 in flight: 1 of 3 eRPC runs without a run of ours beside them.",
+            "**1 of the 2 eRPC runs saw millisecond stalls**",
+            "| rdma:// | 64 B | 1 | ratio_p50_vs_erpc | ≤ 1 | 1.300 | **not met** |",
+        ] {
+            assert!(md.contains(text), "{text} not in\n{md}");
+        }
+
+        // Failed calls in a paired run: no verdict.
+        let mut failed = records.clone();
+        failed[1].errors = 3;
+        let (md, _) = render(&failed, "# Report", "report");
+        assert!(
+            md.contains("| rdma:// | 64 B | 1 | ratio_rps_vs_erpc | ≥ 1 | 1.250 | not judged: calls failed |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn without_erpc_records_the_section_says_it_did_not_run() {
+        let records = [
+            ours_and_perftest(1, 60.0, 10_000.0),
+            ours_and_perftest(8, 200.0, 30_000.0),
+        ]
+        .concat();
+        assert!(peer_cells(&records, Kind::Erpc).is_empty());
+        let (md, _) = render(&records, "# Report", "report");
+        for text in [
+            "## rdma:// against eRPC (same guest boot)\n\neRPC was not run in the last sweep",
+            "| rdma:// | 64 B | 1 | ratio_p50_vs_erpc | ≤ 1 | – | no data |",
+            "| rdma:// | 64 B | 8 | ratio_rps_vs_erpc | ≥ 1.2 | – | no data |",
+        ] {
+            assert!(md.contains(text), "{text} not in\n{md}");
+        }
+        // And with no results at all.
+        let (md, _) = render(&[], "# Report", "report");
+        assert!(md.contains("eRPC was not run in the last sweep"), "{md}");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! `bench-report --out REPORT.md --svg-dir DIR [--preamble FILE]
 //! [--epilogue FILE] RESULTS.jsonl...`: the preamble goes first, then the
-//! targets, one section per fabric with its table and charts, then the
+//! targets, one section per fabric with its table and charts, rdma://
+//! against eRPC (the records `scripts/bench` writes for it), then the
 //! epilogue. DIR is where the SVG files go; the markdown links to them
 //! relative to its own directory.
 
