@@ -19,8 +19,6 @@ pub(super) struct CqInner {
     pub(super) channel: Arc<CompChannel>,
     pub(super) side: Arc<Side>,
     pub(super) fabric: VerbsFabric,
-    /// Calls to `poll` (for [`ASYNC_EVERY`]).
-    pub(super) polls: AtomicU32,
 }
 
 impl std::fmt::Debug for VerbsCq {
@@ -179,10 +177,8 @@ impl CompletionQueue for VerbsCq {
         let c = &self.inner;
         let fabric = &c.fabric;
         let i = &fabric.inner;
-        if c.polls.fetch_add(1, Ordering::Relaxed) % ASYNC_EVERY == ASYNC_EVERY - 1 {
-            // A busy poller never blocks on the async fd: look now and then.
-            fabric.drain_async();
-        }
+        // Async events: the liveness watcher's thread reads them (see
+        // `Liveness::on_async_events`), and `wait` before sleeping.
         let start = out.len();
         let parked;
         {

@@ -199,8 +199,10 @@ impl VerbsFabric {
                     }
                 }
                 ffi::IBV_EVENT_SRQ_LIMIT_REACHED => {
-                    self.inner.srq_limit_events.fetch_add(1, Ordering::AcqRel);
                     self.top_up_srq();
+                    // Counted once handled: whoever sees the count sees the
+                    // receives the top-up posted.
+                    self.inner.srq_limit_events.fetch_add(1, Ordering::AcqRel);
                 }
                 ffi::IBV_EVENT_DEVICE_FATAL | ffi::IBV_EVENT_CQ_ERR | ffi::IBV_EVENT_SRQ_ERR => {
                     let what = match ev.event_type {

@@ -7,7 +7,11 @@
 //!
 //! One thread per device context watches every liveness socket of that
 //! context through one epoll set ([`Liveness`]), so connections cost no
-//! thread each.
+//! thread each. The same thread watches the context's async event fd
+//! ([`Liveness::on_async_events`]): a queue pair's or the device's error
+//! and the SRQ's limit reach the dispatchers without their pollers, which
+//! spin on the completion queues and would otherwise have to look at that
+//! fd with a syscall now and then.
 
 use super::{Side, WcStatus};
 use crate::fabric::{Completion, CompletionKind, FabricError};
@@ -15,7 +19,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use slab::Slab;
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
@@ -24,22 +28,33 @@ pub(super) use crate::fabric::bootstrap::set_keepalive;
 
 /// The token of the waker that tells the watcher its context is gone.
 const WAKE: Token = Token(usize::MAX);
+/// The token of the context's async event fd.
+const ASYNC: Token = Token(usize::MAX - 1);
+
+/// What the watcher does when the context's async event fd is readable.
+type AsyncHandler = Arc<dyn Fn() + Send + Sync>;
 
 /// The liveness watcher of one device context, started with its first
 /// connection.
 #[derive(Default)]
 pub(super) struct Liveness {
     watch: OnceLock<Arc<Watch>>,
+    /// The async event fd and its handler, watched from the start.
+    async_events: OnceLock<(RawFd, AsyncHandler)>,
 }
 
 /// What the watcher thread and the connections share.
 struct Watch {
     registry: Registry,
-    waker: Waker,
+    /// Shared with the watcher thread, which keeps its eventfd open: a wake
+    /// queued as the `Watch` drops must still reach the thread.
+    waker: Arc<Waker>,
     entries: Mutex<Slab<Entry>>,
     /// Numbers the entries, so that a slot reused by another connection is
     /// not taken for the one that had it.
     next_id: AtomicU64,
+    /// Run when the context's async event fd is readable.
+    on_async: Option<AsyncHandler>,
 }
 
 /// One watched connection.
@@ -61,6 +76,16 @@ pub(super) struct Watched {
 }
 
 impl Liveness {
+    /// Has the watcher run `handler` whenever `fd`, the context's async
+    /// event fd (non-blocking), is readable, from when the watcher starts
+    /// (with the first connection; events queued before then are reported
+    /// when the fd is registered, and a dispatcher about to sleep reads
+    /// them too). `handler` must read every event there is:
+    /// the fd is watched edge-triggered. Set once; later calls are ignored.
+    pub(super) fn on_async_events(&self, fd: RawFd, handler: AsyncHandler) {
+        let _ = self.async_events.set((fd, handler));
+    }
+
     /// Watches `stream` (a clone is kept): when it reports end of file or
     /// an error, incarnation `incarnation` of queue pair `qp_num` fails on
     /// `side` with a made-up `RetryExceeded` completion.
@@ -74,7 +99,7 @@ impl Liveness {
         let watch = match self.watch.get() {
             Some(w) => w.clone(),
             None => {
-                let started = Watch::start()?;
+                let started = Watch::start(self.async_events.get())?;
                 // Another connection may have started one meanwhile: keep
                 // the first (the other's thread exits when it is dropped).
                 self.watch.get_or_init(|| started).clone()
@@ -106,24 +131,34 @@ impl Liveness {
 }
 
 impl Watch {
-    /// The epoll set and the thread that waits on it.
-    fn start() -> Result<Arc<Watch>, FabricError> {
+    /// The epoll set and the thread that waits on it; with `async_events`,
+    /// that fd is watched too.
+    fn start(async_events: Option<&(RawFd, AsyncHandler)>) -> Result<Arc<Watch>, FabricError> {
         let poll = Poll::new().map_err(|e| FabricError::io("epoll_create", e))?;
         let registry = poll
             .registry()
             .try_clone()
             .map_err(|e| FabricError::io("epoll registry", e))?;
-        let waker = Waker::new(poll.registry(), WAKE).map_err(|e| FabricError::io("eventfd", e))?;
+        let waker =
+            Arc::new(Waker::new(poll.registry(), WAKE).map_err(|e| FabricError::io("eventfd", e))?);
+        let async_events = async_events.filter(|(fd, _)| {
+            let registered = registry.register(&mut SourceFd(fd), ASYNC, Interest::READABLE);
+            if let Err(e) = &registered {
+                tracing::warn!(error = %e, "cannot watch the RDMA async event fd; dispatchers read it when they sleep");
+            }
+            registered.is_ok()
+        });
         let watch = Arc::new(Watch {
             registry,
-            waker,
+            waker: waker.clone(),
             entries: Mutex::new(Slab::new()),
             next_id: AtomicU64::new(0),
+            on_async: async_events.map(|(_, handler)| handler.clone()),
         });
         let weak = Arc::downgrade(&watch);
         std::thread::Builder::new()
             .name("rpc-rdma-live".into())
-            .spawn(move || run(poll, weak))
+            .spawn(move || run(poll, weak, waker))
             .map_err(|e| FabricError::io("spawn the liveness watcher", e))?;
         Ok(watch)
     }
@@ -141,8 +176,11 @@ impl Drop for Watch {
 }
 
 /// The watcher thread: until its context is gone, fails the connections
-/// whose liveness socket ends.
-fn run(mut poll: Poll, watch: Weak<Watch>) {
+/// whose liveness socket ends and hands async events to their handler.
+/// It holds `waker`'s eventfd open so that the wake of a dropped `Watch`
+/// is not lost with the fd.
+fn run(mut poll: Poll, watch: Weak<Watch>, waker: Arc<Waker>) {
+    let _waker = waker;
     let mut events = Events::with_capacity(64);
     loop {
         if let Err(e) = poll.poll(&mut events, None) {
@@ -152,13 +190,32 @@ fn run(mut poll: Poll, watch: Weak<Watch>) {
             tracing::error!(error = %e, "liveness watcher cannot wait; dead peers go unnoticed");
             return;
         }
-        let Some(watch) = watch.upgrade() else {
+        let Some(live) = watch.upgrade() else {
             return;
         };
+        handle(&live, &events);
+        drop(live);
+        // The last `Watch` may have gone with this thread's handle (the
+        // async handler dropped the context): nothing would wake it again.
+        if watch.strong_count() == 0 {
+            return;
+        }
+    }
+}
+
+/// One wake of the watcher: async events to their handler, ended liveness
+/// sockets to their queue pairs' failure.
+fn handle(watch: &Watch, events: &Events) {
+    if let Some(on_async) = &watch.on_async {
+        if events.iter().any(|e| e.token() == ASYNC) {
+            on_async();
+        }
+    }
+    {
         let mut entries = watch.entries();
-        for event in &events {
+        for event in events {
             let key = event.token().0;
-            if event.token() == WAKE || !entries.contains(key) {
+            if event.token() == WAKE || event.token() == ASYNC || !entries.contains(key) {
                 continue;
             }
             if !ended(&entries[key].stream) {
@@ -357,11 +414,59 @@ mod tests {
         let (ours, _peer) = socket_pair(&listener);
         let watched = liveness.watch(&ours, side, 1, 1).unwrap();
         let weak = Arc::downgrade(liveness.watch.get().unwrap());
+        let thread = Arc::downgrade(&liveness.watch.get().unwrap().waker);
         drop(watched);
         drop(liveness);
         assert!(
             weak.upgrade().is_none(),
             "the thread holds no strong reference"
         );
+        assert_thread_ends(&thread);
+    }
+
+    /// The thread drops its waker as it returns.
+    fn assert_thread_ends(thread: &std::sync::Weak<Waker>) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while thread.strong_count() > 0 {
+            assert!(Instant::now() < deadline, "the watcher thread did not end");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The async event fd's handler runs when the fd is readable; and when
+    /// the handler drops the last handle on the context (so the watcher's
+    /// own handle is the last one on it), the thread still ends.
+    #[test]
+    fn async_events_reach_their_handler_and_the_thread_ends_with_them() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let slot: Arc<Mutex<Option<Liveness>>> = Arc::default();
+        let calls = Arc::new(AtomicU64::new(0));
+        let liveness = Liveness::default();
+        let (s, c) = (Arc::downgrade(&slot), calls.clone());
+        liveness.on_async_events(
+            reader.as_raw_fd(),
+            Arc::new(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                // As a context dropped by the handler's own handle.
+                if let Some(slot) = s.upgrade() {
+                    drop(slot.lock().unwrap().take());
+                }
+            }),
+        );
+        let (ours, _peer) = socket_pair(&listener);
+        let watched = liveness.watch(&ours, side_with([1]), 1, 1).unwrap();
+        let thread = Arc::downgrade(&liveness.watch.get().unwrap().waker);
+        drop(watched);
+        *slot.lock().unwrap() = Some(liveness);
+        std::io::Write::write_all(&mut writer, b"!").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while calls.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the handler never ran");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(slot.lock().unwrap().is_none(), "the handler dropped it");
+        assert_thread_ends(&thread);
+        drop(reader);
     }
 }

@@ -90,9 +90,6 @@ const SRQ_MAX: u32 = 8192;
 const WC_BATCH: usize = 32;
 /// The SRQ limit event fires when fewer than capacity / this receives remain.
 const SRQ_LIMIT_FRACTION: u32 = 4;
-/// Busy polls between two looks at the async event queue (an idle poller
-/// sees events at once: it blocks on their file descriptor).
-const ASYNC_EVERY: u32 = 256;
 
 struct Inner {
     choice: DeviceChoice,
@@ -176,7 +173,7 @@ impl VerbsFabric {
         srq.arm_limit(srq.capacity / SRQ_LIMIT_FRACTION)?;
         let windows = windows && has_type2_windows(&attr, &pd, &choice.device);
         tracing::debug!(device = %choice.device, port = choice.port, gid_index = choice.gid_index, "opened RDMA device");
-        Ok(VerbsFabric {
+        let fabric = VerbsFabric {
             inner: Arc::new(Inner {
                 choice,
                 srq,
@@ -194,7 +191,20 @@ impl VerbsFabric {
                 buffers: Arc::new(Cache::default()),
                 rd_atomic: rd_atomic(&attr),
             }),
-        })
+        };
+        // Async events are read by the liveness watcher's thread, which
+        // blocks on their fd, and by a dispatcher about to sleep; never by
+        // a spinning poller (a syscall per look).
+        let weak = Arc::downgrade(&fabric.inner);
+        fabric.inner.liveness.on_async_events(
+            fabric.inner.ctx.async_fd(),
+            Arc::new(move || {
+                if let Some(inner) = weak.upgrade() {
+                    VerbsFabric { inner }.drain_async();
+                }
+            }),
+        );
+        Ok(fabric)
     }
 
     /// Whether a connection's peer can write only into that connection's
@@ -305,7 +315,6 @@ impl Fabric for VerbsFabric {
                 channel,
                 side,
                 fabric: self.clone(),
-                polls: 0.into(),
             }),
         })
     }
