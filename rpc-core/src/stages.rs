@@ -88,6 +88,20 @@ mod imp {
         Stage::ClientTaken,
         Stage::CallDone,
     ];
+    /// Each post, from its start to its return: off the chain, since on
+    /// Soft-RoCE the peer's completion is made inside the posting syscall
+    /// and may be polled before it returns.
+    const POSTS: [(Stage, Stage); 2] = [
+        (Stage::RequestPost, Stage::RequestPosted),
+        (Stage::ResponsePost, Stage::ResponsePosted),
+    ];
+
+    /// Every span a stage is timed over: from the stage before it on the
+    /// chain, or from the start of its post.
+    fn spans() -> impl Iterator<Item = (usize, usize)> {
+        let chain = CHAIN.windows(2).map(|w| (w[0], w[1]));
+        chain.chain(POSTS).map(|(a, b)| (a as usize, b as usize))
+    }
 
     static STAMPS: [AtomicU64; STAGES] = [const { AtomicU64::new(0) }; STAGES];
     static KEPT: Mutex<Vec<[u64; STAGES]>> = Mutex::new(Vec::new());
@@ -128,20 +142,9 @@ mod imp {
         }
         stamps[Stage::CallDone as usize] = now();
         // Only a call whose every stage was stamped after it started, in
-        // order along the chain (a heartbeat or another call's write would
-        // break it), and each post returned after it began. A post's
-        // return is off the chain: on Soft-RoCE the peer's completion is
-        // made inside the posting syscall, and may be polled before it
-        // returns.
-        let chain = CHAIN.map(|s| stamps[s as usize]);
-        let posts = [
-            (Stage::RequestPost, Stage::RequestPosted),
-            (Stage::ResponsePost, Stage::ResponsePosted),
-        ];
-        let ordered = chain.windows(2).all(|w| w[0] != 0 && w[0] <= w[1])
-            && posts
-                .iter()
-                .all(|&(a, b)| stamps[a as usize] <= stamps[b as usize]);
+        // order along each span (a heartbeat or another call's write would
+        // break it).
+        let ordered = spans().all(|(a, b)| stamps[a] != 0 && stamps[a] <= stamps[b]);
         if ordered {
             let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
             if kept.len() < 1 << 20 {
@@ -167,15 +170,7 @@ mod imp {
             v[v.len() / 2] as f64 * ns_per_tick / 1000.0
         };
         let mut stage_us = [0.0; STAGES];
-        for w in CHAIN.windows(2) {
-            let (a, b) = (w[0] as usize, w[1] as usize);
-            stage_us[b] = median(kept.iter().map(|s| s[b] - s[a]).collect());
-        }
-        for (a, b) in [
-            (Stage::RequestPost, Stage::RequestPosted),
-            (Stage::ResponsePost, Stage::ResponsePosted),
-        ] {
-            let (a, b) = (a as usize, b as usize);
+        for (a, b) in spans() {
             stage_us[b] = median(kept.iter().map(|s| s[b] - s[a]).collect());
         }
         let total_us = median(

@@ -179,8 +179,7 @@ impl Drop for Watch {
 /// whose liveness socket ends and hands async events to their handler.
 /// It holds `waker`'s eventfd open so that the wake of a dropped `Watch`
 /// is not lost with the fd.
-fn run(mut poll: Poll, watch: Weak<Watch>, waker: Arc<Waker>) {
-    let _waker = waker;
+fn run(mut poll: Poll, watch: Weak<Watch>, _waker: Arc<Waker>) {
     let mut events = Events::with_capacity(64);
     loop {
         if let Err(e) = poll.poll(&mut events, None) {
@@ -211,31 +210,29 @@ fn handle(watch: &Watch, events: &Events) {
             on_async();
         }
     }
-    {
-        let mut entries = watch.entries();
-        for event in events {
-            let key = event.token().0;
-            if event.token() == WAKE || event.token() == ASYNC || !entries.contains(key) {
-                continue;
-            }
-            if !ended(&entries[key].stream) {
-                continue;
-            }
-            let entry = entries.remove(key);
-            let _ = watch
-                .registry
-                .deregister(&mut SourceFd(&entry.stream.as_raw_fd()));
-            // Not for a queue pair already dropped (this side closed it):
-            // its number may belong to another one by now.
-            let c = Completion {
-                wr_id: 0,
-                qp_num: entry.qp_num,
-                kind: CompletionKind::Send,
-                status: WcStatus::RetryExceeded,
-            };
-            if entry.side.push_if_live(Some(entry.incarnation), c) {
-                tracing::debug!(qp_num = entry.qp_num, "peer closed its liveness connection");
-            }
+    let mut entries = watch.entries();
+    for event in events {
+        let key = event.token().0;
+        if event.token() == WAKE || event.token() == ASYNC || !entries.contains(key) {
+            continue;
+        }
+        if !ended(&entries[key].stream) {
+            continue;
+        }
+        let entry = entries.remove(key);
+        let _ = watch
+            .registry
+            .deregister(&mut SourceFd(&entry.stream.as_raw_fd()));
+        // Not for a queue pair already dropped (this side closed it):
+        // its number may belong to another one by now.
+        let c = Completion {
+            wr_id: 0,
+            qp_num: entry.qp_num,
+            kind: CompletionKind::Send,
+            status: WcStatus::RetryExceeded,
+        };
+        if entry.side.push_if_live(Some(entry.incarnation), c) {
+            tracing::debug!(qp_num = entry.qp_num, "peer closed its liveness connection");
         }
     }
 }

@@ -402,11 +402,10 @@ impl QueuePair for VerbsQp {
             }
             // SAFETY: the chain's `n` requests (written above) and their
             // SGEs live on this stack frame for the call (verbs copies
-            // them). Each SGE names a
-            // registered region of this context's PD; the dispatcher keeps
-            // the region alive longer than the queue pair and reuses its
-            // bytes only after the peer released them (which implies the
-            // write was executed).
+            // them). Each SGE names a registered region of this context's
+            // PD; the dispatcher keeps the region alive longer than the
+            // queue pair and reuses its bytes only after the peer released
+            // them (which implies the write was executed).
             unsafe { self.qp.qp.post_send(&mut *wrs_at) }?;
             first += n;
         }
