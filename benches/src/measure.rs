@@ -7,6 +7,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+/// Longest a single unary call may take before it counts as failed
+/// (streams run without a deadline), in every system measured.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Quantiles of the latency distribution kept in every record, for CDF
 /// plots: dense in the tail.
 pub const CDF_QUANTILES: &[f64] = &[
@@ -476,6 +480,21 @@ impl fmt::Display for Measurement {
             write!(f, " {k}={v}")?;
         }
         Ok(())
+    }
+}
+
+impl Tally {
+    /// Adds up the tallies of client tasks spawned on a tokio runtime (a
+    /// task that failed counts as one failed call).
+    pub(crate) async fn join(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
+        let mut total = Tally::default();
+        for task in tasks {
+            match task.await {
+                Ok(t) => total.merge(t),
+                Err(e) => total.record_failures(1, format!("client task failed: {e}")),
+            }
+        }
+        total
     }
 }
 

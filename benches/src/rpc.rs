@@ -46,9 +46,7 @@ use rpc_core::{Channel, Server, ServerHandle};
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
-/// Longest a single unary call may take before it counts as failed
-/// (streams run without a deadline).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub use crate::measure::CALL_TIMEOUT;
 
 /// What to run (see [`crate::Options`], of which this is the part the
 /// measured run needs).
@@ -348,10 +346,7 @@ pub fn drive_tokio(
             })
         })
         .collect();
-    (
-        rt.block_on(crate::tonic_baseline::join(tasks)),
-        start.elapsed(),
-    )
+    (rt.block_on(Tally::join(tasks)), start.elapsed())
 }
 
 /// One echo call of a `size`-byte payload numbered `seq`: its latency, from

@@ -151,7 +151,7 @@ impl TonicBench {
                     .tcp_nodelay(true);
                 // As on our side: streams run without a deadline.
                 if mode == Mode::Unary {
-                    endpoint = endpoint.timeout(crate::rpc::CALL_TIMEOUT);
+                    endpoint = endpoint.timeout(crate::measure::CALL_TIMEOUT);
                 }
                 let channel: Channel = endpoint
                     .connect()
@@ -269,7 +269,7 @@ async fn drive(
             })
         })
         .collect();
-    (join(tasks).await, start.elapsed())
+    (Tally::join(tasks).await, start.elapsed())
 }
 
 /// The stream mode's lanes: `concurrency` tasks reading echo `Stream`
@@ -314,17 +314,5 @@ async fn drive_streams(
             })
         })
         .collect();
-    (join(tasks).await, start.elapsed())
-}
-
-/// Adds up the tallies of the client tasks.
-pub(crate) async fn join(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
-    let mut total = Tally::default();
-    for task in tasks {
-        match task.await {
-            Ok(t) => total.merge(t),
-            Err(e) => total.record_failures(1, format!("client task failed: {e}")),
-        }
-    }
-    total
+    (Tally::join(tasks).await, start.elapsed())
 }

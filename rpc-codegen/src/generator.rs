@@ -8,7 +8,9 @@
 //! `::core::...` paths, so that no proto name (a service called `Sync` or
 //! `Result`) can shadow them.
 
-use crate::validate::{id_literal, method_path, service_full_name};
+use crate::names::{
+    id_literal, method_path, sender_method_name, service_full_name, stream_type_name,
+};
 use heck::{ToSnakeCase, ToUpperCamelCase};
 use prost_build::{Comments, Method, Service};
 use std::fmt::Write;
@@ -454,20 +456,6 @@ fn method_link(name: &str) -> String {
     } else {
         format!("[`Self::{name}`]")
     }
-}
-
-/// The blocking client method of a client-streaming or bidirectional rpc
-/// named `proto_name` in the proto: `record_route_sender`. Never a keyword,
-/// nor one of the client's own methods.
-pub(crate) fn sender_method_name(proto_name: &str) -> String {
-    format!("{}_sender", proto_name.to_snake_case())
-}
-
-/// The server trait's associated type for the responses of a
-/// server-streaming or bidirectional rpc named `proto_name` in the proto:
-/// `ListFeaturesStream`. Never a keyword.
-pub(crate) fn stream_type_name(proto_name: &str) -> String {
-    format!("{}Stream", proto_name.to_upper_camel_case())
 }
 
 /// Clippy lints that an rpc's name alone would trip on its method, which

@@ -102,6 +102,7 @@
 //! offending rpcs.
 
 mod generator;
+mod names;
 mod validate;
 
 use prost::Message as _;

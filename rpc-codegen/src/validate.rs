@@ -3,31 +3,14 @@
 //! naming the rpcs rather than with a confusing compile error in generated
 //! code.
 
-use crate::generator::{sender_method_name, stream_type_name};
+use crate::names::{
+    id_literal, method_path, sender_method_name, service_full_name, stream_type_name,
+};
 use heck::ToSnakeCase;
 use prost_types::{DescriptorProto, FileDescriptorSet};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::io;
-
-/// `package.Service`, or `Service` in a file without a package.
-pub(crate) fn service_full_name(package: &str, service: &str) -> String {
-    if package.is_empty() {
-        service.to_owned()
-    } else {
-        format!("{package}.{service}")
-    }
-}
-
-/// `/package.Service/Method`: what the method id is computed from.
-pub(crate) fn method_path(service_full_name: &str, method: &str) -> String {
-    format!("/{service_full_name}/{method}")
-}
-
-/// Hex with the halves grouped, as written into generated code: `0x1234_abcd`.
-pub(crate) fn id_literal(id: u32) -> String {
-    format!("0x{:04x}_{:04x}", id >> 16, id & 0xffff)
-}
 
 /// Whether prost generates a module for the nested types of `message`:
 /// nested messages other than map entries, enums, or real (not proto3
@@ -164,24 +147,5 @@ pub(crate) fn validate(fds: &FileDescriptorSet) -> io::Result<()> {
         Ok(())
     } else {
         Err(crate::invalid_input(problems.join("\n")))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names() {
-        assert_eq!(service_full_name("kv", "Kv"), "kv.Kv");
-        assert_eq!(service_full_name("", "Kv"), "Kv");
-        assert_eq!(method_path("a.b.Svc", "Get"), "/a.b.Svc/Get");
-    }
-
-    #[test]
-    fn id_literal_groups_halves() {
-        assert_eq!(id_literal(0x1234_abcd), "0x1234_abcd");
-        assert_eq!(id_literal(1), "0x0000_0001");
-        assert_eq!(id_literal(u32::MAX), "0xffff_ffff");
     }
 }

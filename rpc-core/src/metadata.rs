@@ -86,13 +86,6 @@ impl fmt::Display for InvalidMetadata {
 
 impl std::error::Error for InvalidMetadata {}
 
-impl From<InvalidMetadata> for crate::Status {
-    /// `InvalidArgument`, naming the key.
-    fn from(e: InvalidMetadata) -> crate::Status {
-        crate::Status::invalid_argument(e.to_string())
-    }
-}
-
 /// Key/value pairs sent with a request or a response.
 ///
 /// ```

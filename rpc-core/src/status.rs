@@ -1,6 +1,6 @@
 //! `Status` and `Code`: how a call fails, with gRPC's status codes.
 
-use crate::{Bytes, Metadata};
+use crate::{Bytes, InvalidMetadata, Metadata};
 use std::fmt;
 
 /// The metadata key under which a status's binary details travel, as in
@@ -303,6 +303,13 @@ impl std::error::Error for Status {}
 impl From<prost::DecodeError> for Status {
     fn from(e: prost::DecodeError) -> Status {
         Status::invalid_argument(format!("message is not valid protobuf: {e}"))
+    }
+}
+
+impl From<InvalidMetadata> for Status {
+    /// `InvalidArgument`, naming the key.
+    fn from(e: InvalidMetadata) -> Status {
+        Status::invalid_argument(e.to_string())
     }
 }
 

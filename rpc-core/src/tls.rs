@@ -35,7 +35,6 @@
 //! Rustls with the `ring` provider: TLS 1.3 and 1.2, no session resumption.
 
 use crate::Status;
-use crate::fabric::tls::{ClientTls, ServerTls};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::path::Path;
@@ -236,8 +235,9 @@ impl ServerTlsConfig {
         self
     }
 
-    /// The rustls configuration, checked.
-    pub(crate) fn build(&self) -> Result<ServerTls, Status> {
+    /// The rustls configuration, checked (the fabric's `ServerTls` is
+    /// built from it).
+    pub(crate) fn rustls_config(&self) -> Result<Arc<rustls::ServerConfig>, Status> {
         let identity = self.identity.as_ref().ok_or_else(|| {
             Status::invalid_argument(
                 "ServerTlsConfig needs an identity (ServerTlsConfig::identity)",
@@ -283,11 +283,7 @@ impl ServerTlsConfig {
         // the client's certificate is checked every time.
         config.send_tls13_tickets = 0;
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
-        Ok(ServerTls {
-            config: Arc::new(config),
-            #[cfg(feature = "grpc")]
-            source: self.clone(),
-        })
+        Ok(Arc::new(config))
     }
 }
 
@@ -328,8 +324,13 @@ impl ClientTlsConfig {
         self
     }
 
-    /// The rustls configuration, checked.
-    pub(crate) fn build(&self) -> Result<ClientTls, Status> {
+    /// The rustls configuration, checked, and the name the server's
+    /// certificate must carry if these settings name one (the fabric's
+    /// `ClientTls` is built from them).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn rustls_config(
+        &self,
+    ) -> Result<(Arc<rustls::ClientConfig>, Option<ServerName<'static>>), Status> {
         if self.cas.is_empty() {
             return Err(Status::invalid_argument(
                 "ClientTlsConfig needs the CA certificate that issued the server's \
@@ -370,12 +371,7 @@ impl ClientTlsConfig {
             }
         };
         config.resumption = rustls::client::Resumption::disabled();
-        Ok(ClientTls {
-            config: Arc::new(config),
-            domain,
-            #[cfg(feature = "grpc")]
-            source: self.clone(),
-        })
+        Ok((Arc::new(config), domain))
     }
 }
 

@@ -66,10 +66,6 @@ pub fn heartbeat_bound(interval: Duration) -> Duration {
     interval * 2 + unacked_limit(interval)
 }
 
-/// The default receive ring per connection on mem:// and tcp://, each
-/// side: 256 KiB (see [`Fabric::DEFAULT_RING_SIZE`]).
-pub const DEFAULT_RING_SIZE: usize = 256 << 10;
-
 /// The default largest message: 64 MiB (metadata and payload).
 pub const DEFAULT_MAX_MESSAGE: usize = 64 << 20;
 

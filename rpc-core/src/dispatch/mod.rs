@@ -12,7 +12,6 @@ mod srq;
 pub(crate) mod wake;
 
 pub(crate) use config::Config;
-pub(crate) use config::DEFAULT_RING_SIZE;
 pub use config::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 pub(crate) use conn::staging_limit;
 pub(crate) use conn::{Conn, OutFrame};

@@ -234,54 +234,11 @@ pub fn send(stream: &mut impl Write, hello: &Hello) -> Result<(), FabricError> {
         })
 }
 
-/// A handshake message other than a hello: an 8-byte tag, then (except for
-/// the refusal's code byte and a reserved byte) a little-endian `u16`
-/// length and that many bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
-    /// Server to client: authenticate, over this nonce.
-    Challenge([u8; NONCE_LEN]),
-    /// Client to server: the credential's answer.
-    Answer(Vec<u8>),
-    /// Server to client: the server's proof that it knows the credential.
-    Proof(Vec<u8>),
-    /// Server to client: the connection is refused, with a status code and why.
-    Refused(Code, String),
-}
-
-const TAG_CHALLENGE: &[u8; 8] = b"RPCCHALL";
-const TAG_ANSWER: &[u8; 8] = b"RPCANSWR";
-const TAG_PROOF: &[u8; 8] = b"RPCPROOF";
-pub(crate) const TAG_REFUSED: &[u8; 8] = b"RPCREFUS";
-/// Longest refusal reason sent.
-const MAX_REASON: usize = 512;
-
-impl Record {
-    /// The wire form.
-    pub fn encode(&self) -> Vec<u8> {
-        let (tag, body): (&[u8; 8], &[u8]) = match self {
-            Record::Challenge(n) => (TAG_CHALLENGE, n),
-            Record::Answer(a) => (TAG_ANSWER, a),
-            Record::Proof(p) => (TAG_PROOF, p),
-            Record::Refused(code, why) => {
-                let mut end = why.len().min(MAX_REASON);
-                while !why.is_char_boundary(end) {
-                    end -= 1;
-                }
-                let mut b = TAG_REFUSED.to_vec();
-                b.push(*code as u8);
-                b.push(0);
-                b.extend_from_slice(&(end as u16).to_le_bytes());
-                b.extend_from_slice(&why.as_bytes()[..end]);
-                return b;
-            }
-        };
-        let mut b = tag.to_vec();
-        b.extend_from_slice(&(body.len() as u16).to_le_bytes());
-        b.extend_from_slice(body);
-        b
-    }
-}
+pub use crate::fabric::record::Record;
+use crate::fabric::record::{
+    TAG_ANSWER, TAG_CHALLENGE, TAG_PROOF, TAG_REFUSED, read_refusal_with, read_within,
+    refused_by_server,
+};
 
 /// The answer record a gate reads: its tag and length, validated.
 pub(crate) const ANSWER_HEAD: usize = 10;
@@ -397,21 +354,7 @@ pub fn client_exchange(
 
 /// A refusal record's code and reason, after its tag.
 fn refusal_body(stream: &mut impl Read) -> Result<(Code, String), FabricError> {
-    let mut head = [0u8; 4];
-    read_exact(stream, &mut head)?;
-    let mut why = vec![0u8; usize::from(u16::from_le_bytes([head[2], head[3]])).min(MAX_REASON)];
-    read_exact(stream, &mut why)?;
-    Ok((
-        Code::from_u16(u16::from(head[0])),
-        String::from_utf8_lossy(&why).into_owned(),
-    ))
-}
-
-/// A refusal record's code and reason, after its tag; `None` if what
-/// follows is not one.
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-pub(crate) fn read_refusal(stream: &mut impl Read) -> Option<(Code, String)> {
-    refusal_body(stream).ok()
+    read_refusal_with(|b| read_exact(stream, b))
 }
 
 /// A handshake connection: the socket, and its TLS session if it has one.
@@ -447,19 +390,6 @@ impl Link {
             deadline: Some(deadline),
         })
     }
-}
-
-/// Before a blocking read of `stream`: its read timeout becomes what is
-/// left until `deadline`, or `TimedOut` if nothing is.
-pub(crate) fn read_within(stream: &TcpStream, deadline: Option<Instant>) -> std::io::Result<()> {
-    let Some(deadline) = deadline else {
-        return Ok(());
-    };
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(std::io::ErrorKind::TimedOut.into());
-    }
-    stream.set_read_timeout(Some(left))
 }
 
 impl Read for Link {
@@ -502,21 +432,6 @@ pub(crate) const UNPROVEN_SERVER: &str = "the server did not authenticate itself
 /// A client's handshake failing authentication, on any fabric.
 pub(crate) fn unauthenticated(why: impl Into<String>) -> FabricError {
     FabricError::refused(Code::Unauthenticated, "handshake", why)
-}
-
-/// A client's handshake refused by the server with `code` and `why`, on
-/// any fabric (a refusal never means `Ok`).
-pub(crate) fn refused_by_server(code: Code, why: &str) -> FabricError {
-    let code = if code == Code::Ok {
-        Code::Unknown
-    } else {
-        code
-    };
-    FabricError::refused(
-        code,
-        "handshake",
-        format!("the server refused the connection: {why}"),
-    )
 }
 
 /// Reads a `u16` length and at most `max` bytes.

@@ -26,6 +26,7 @@ pub mod bootstrap;
 pub(crate) mod bootstrap;
 pub(crate) mod cache;
 pub(crate) mod gate;
+pub(crate) mod record;
 pub mod soft;
 pub mod tls;
 #[cfg(feature = "verbs")]
@@ -364,6 +365,10 @@ pub trait CompletionQueue: Send + Sync + 'static {
     fn interrupt(&self);
 }
 
+/// The default receive ring per connection on mem:// and tcp://, each
+/// side: 256 KiB (see [`Fabric::DEFAULT_RING_SIZE`]).
+pub(crate) const DEFAULT_RING_SIZE: usize = 256 << 10;
+
 /// A fabric context: one protection domain and one shared receive queue,
 /// shared by every queue pair created from it, whichever completion queue
 /// each reports to.
@@ -381,7 +386,7 @@ pub trait Fabric: Send + Sync + Sized + Clone + 'static {
 
     /// The receive ring per connection when none is configured (bytes, a
     /// power of two).
-    const DEFAULT_RING_SIZE: usize = crate::dispatch::DEFAULT_RING_SIZE;
+    const DEFAULT_RING_SIZE: usize = DEFAULT_RING_SIZE;
 
     /// Registers `len` bytes; `remote_write` makes them writable by peers.
     fn register(&self, len: usize, remote_write: bool) -> Result<Self::Region, FabricError>;

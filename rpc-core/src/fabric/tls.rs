@@ -39,7 +39,7 @@ pub(crate) fn is_tls_record(first: &[u8]) -> bool {
 #[cfg(feature = "tls")]
 mod imp {
     use crate::Code;
-    use crate::fabric::bootstrap::{self, Record};
+    use crate::fabric::record::{self, Record};
     use crate::fabric::{FabricError, FabricUrl};
     use rustls::pki_types::{CertificateDer, ServerName};
     use rustls::{AlertDescription, CertificateError, Error as TlsError};
@@ -81,6 +81,30 @@ mod imp {
             f.debug_struct("ClientTls")
                 .field("domain", &self.domain)
                 .finish_non_exhaustive()
+        }
+    }
+
+    impl crate::tls::ServerTlsConfig {
+        /// These settings, checked and ready to serve.
+        pub(crate) fn build(&self) -> Result<ServerTls, crate::Status> {
+            Ok(ServerTls {
+                config: self.rustls_config()?,
+                #[cfg(feature = "grpc")]
+                source: self.clone(),
+            })
+        }
+    }
+
+    impl crate::tls::ClientTlsConfig {
+        /// These settings, checked and ready to connect.
+        pub(crate) fn build(&self) -> Result<ClientTls, crate::Status> {
+            let (config, domain) = self.rustls_config()?;
+            Ok(ClientTls {
+                config,
+                domain,
+                #[cfg(feature = "grpc")]
+                source: self.clone(),
+            })
         }
     }
 
@@ -203,7 +227,7 @@ mod imp {
                     other => return other,
                 }
                 self.flush_blocking(stream)?;
-                bootstrap::read_within(stream, deadline)?;
+                record::read_within(stream, deadline)?;
                 let read = self.read_tls(stream);
                 // An alert raised by what was read goes to the peer.
                 let _ = self.flush_blocking(stream);
@@ -389,14 +413,14 @@ mod imp {
                 let mut b = [0u8; 1];
                 match stream.peek(&mut b) {
                     Ok(0) => return Err(closed_in_handshake()),
-                    Ok(_) if b[0] == bootstrap::TAG_REFUSED[0] => {
+                    Ok(_) if b[0] == record::TAG_REFUSED[0] => {
                         return Err(plaintext_server(stream));
                     }
                     Ok(_) => {}
                     Err(e) => return Err(handshake_io(e, &shown)),
                 }
             }
-            bootstrap::read_within(stream, Some(deadline)).map_err(|e| handshake_io(e, &shown))?;
+            record::read_within(stream, Some(deadline)).map_err(|e| handshake_io(e, &shown))?;
             let read = session.read_tls(stream);
             // The alert a failure raised tells the server why.
             let _ = session.flush_blocking(stream);
@@ -423,9 +447,9 @@ mod imp {
     /// refusal, or that it does not speak TLS.
     fn plaintext_server(stream: &mut TcpStream) -> FabricError {
         let mut tag = [0u8; 8];
-        if stream.read_exact(&mut tag).is_ok() && &tag == bootstrap::TAG_REFUSED {
-            if let Some((code, why)) = bootstrap::read_refusal(stream) {
-                return bootstrap::refused_by_server(code, &why);
+        if stream.read_exact(&mut tag).is_ok() && &tag == record::TAG_REFUSED {
+            if let Some((code, why)) = record::read_refusal(stream) {
+                return record::refused_by_server(code, &why);
             }
         }
         FabricError::refused(
@@ -680,11 +704,7 @@ mod imp {
         format!("handshake read failed: {e}")
     }
 
-    pub(crate) fn refuse(
-        session: &mut Session,
-        _: &TcpStream,
-        _: &crate::fabric::bootstrap::Record,
-    ) {
+    pub(crate) fn refuse(session: &mut Session, _: &TcpStream, _: &crate::fabric::record::Record) {
         match *session {}
     }
 

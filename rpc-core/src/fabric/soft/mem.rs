@@ -309,7 +309,7 @@ pub(super) fn connect(
                 format!("mem://{name} did not complete the handshake"),
             )
         })?
-        .map_err(|(code, why)| bootstrap::refused_by_server(code, &why))?;
+        .map_err(|(code, why)| crate::fabric::record::refused_by_server(code, &why))?;
     if local.credential.is_some() && !reply.authenticated {
         return Err(bootstrap::unauthenticated(bootstrap::UNPROVEN_SERVER));
     }
