@@ -48,6 +48,7 @@
 
 pub mod auth;
 mod blocking;
+mod cancel;
 pub mod client;
 pub mod codegen;
 mod descriptor;

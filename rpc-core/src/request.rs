@@ -1,6 +1,6 @@
 //! `Request<T>` and `Response<T>`: a message with its metadata and call options.
 
-use crate::streaming::Signal;
+use crate::cancel::Signal;
 use crate::{Metadata, Peer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

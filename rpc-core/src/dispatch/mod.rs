@@ -14,7 +14,7 @@ pub(crate) mod wake;
 pub(crate) use config::Config;
 pub use config::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 pub(crate) use conn::staging_limit;
-pub(crate) use conn::{Conn, OutFrame};
+pub(crate) use conn::{Conn, LendBuf, Link, OutFrame, send_control};
 use handoff::PollHandoff;
 pub(crate) use spin::{AdaptiveSpin, future_spin_yield};
 use spin::{POLL_NAP, crowded_pause, spin_pause};
@@ -23,13 +23,10 @@ use wake::Corked;
 
 use crate::executor::Executor;
 use crate::fabric::{
-    Completion, CompletionKind, CompletionQueue, Connected, Fabric, PeerRing, QueuePair, Region,
-    WcStatus, WriteImm,
+    Completion, CompletionKind, CompletionQueue, Connected, Fabric, QueuePair, Region, WcStatus,
 };
 use crate::idmap::IdMap;
-use crate::protocol::{
-    ALIGN, CallId, Doorbell, FrameKind, HEADER_LEN, Header, Receiver, Reserved, SendError, Sender,
-};
+use crate::protocol::{ALIGN, HEADER_LEN, Header};
 use crate::{Metadata, Status};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
