@@ -8,7 +8,11 @@
 //! [`Receiver`] and consumes it at once: every frame the server sends must
 //! be one a real client accepts, whatever the client sent.
 
-use super::{Registry, ServerBuilder, ServerRole, ServerShared, ring_for};
+use super::ServerBuilder;
+use super::accept::ring_for;
+use super::registry::Registry;
+use super::role::ServerRole;
+use super::start::ServerShared;
 use crate::Status;
 use crate::blocking::BlockingPool;
 use crate::dispatch::Endpoint;
