@@ -4,7 +4,9 @@
 //! bounds checks and completions, over a local socket pair, one connection
 //! per run. For the fuzz targets and tests.
 
-use super::{ACK_LEN, NAK_LEN, ReadOutcome, SCRATCH, TAG_ACK, TAG_NAK, TcpConn};
+use super::message::{self, ACK_LEN, NAK_LEN, TAG_ACK, TAG_NAK};
+use super::reader::ReadOutcome;
+use super::{SCRATCH, TcpConn};
 use crate::fabric::soft::{CqInner, Ctx, RegionInner, SoftCq, SoftRegion};
 use crate::fabric::{Completion, CompletionKind, WcStatus, WriteImm};
 use crate::pages::Pages;
@@ -37,19 +39,19 @@ pub fn write_message(signaled: bool, wr_id: u64, offset: u64, imm: u32, payload:
         imm,
         signaled,
     };
-    let mut m = super::write_head(&w, payload.len() as u32).to_vec();
+    let mut m = message::write_head(&w, payload.len() as u32).to_vec();
     m.extend_from_slice(payload);
     m
 }
 
 /// An `ACK` message, as the receiving side sends it for a signaled write.
 pub fn ack_message(wr_id: u64) -> Vec<u8> {
-    super::ack_message(wr_id).to_vec()
+    message::ack_message(wr_id).to_vec()
 }
 
 /// A `NAK` message, as the receiving side sends it for a rejected write.
 pub fn nak_message(wr_id: u64, status: WcStatus) -> Vec<u8> {
-    super::nak_message(wr_id, status).to_vec()
+    message::nak_message(wr_id, status).to_vec()
 }
 
 /// How the receiving side is set up for one run.

@@ -1,0 +1,28 @@
+//! gRPC both ways, over tonic: the gRPC face of a server (standard gRPC
+//! over HTTP/2 beside its own URL, for callers that speak gRPC: [`face`])
+//! and the gateway of `grpc://` URLs, our clients calling a standard gRPC
+//! server ([`gateway()`]). What both use sits below either: `codec`
+//! (messages as their bytes, metadata and statuses as gRPC's) and `relay`
+//! (request streams passed on to the other side).
+
+mod codec;
+mod face;
+mod gateway;
+mod relay;
+
+pub(crate) use face::GrpcFace;
+pub(crate) use gateway::gateway;
+#[cfg(feature = "tls")]
+pub(crate) use gateway::gateway_tls;
+
+use crate::Status;
+
+/// A runtime of its own for `what`: two `rpc-grpc` threads.
+fn runtime(what: &str) -> Result<tokio::runtime::Runtime, Status> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("rpc-grpc")
+        .enable_all()
+        .build()
+        .map_err(|e| Status::internal(format!("{what}: no runtime: {e}")))
+}
