@@ -51,6 +51,7 @@ mod blocking;
 mod cancel;
 pub mod client;
 pub mod codegen;
+mod conventions;
 mod descriptor;
 mod dispatch;
 mod executor;

@@ -49,6 +49,18 @@ pub(crate) struct Frame {
     pub payload: crate::payload::Payload,
 }
 
+impl Frame {
+    /// The status an `Error` frame carries.
+    pub(crate) fn error_status(&self) -> Status {
+        let message = String::from_utf8_lossy(&self.payload).into_owned();
+        Status::from_wire(
+            crate::Code::from_u16(self.header.status),
+            message,
+            self.metadata.as_ref(),
+        )
+    }
+}
+
 /// What a context does with frames: answer calls (client) or run handlers (server).
 pub(crate) trait Role<F: Fabric>: Send + Sync + Sized + 'static {
     /// A well-formed frame arrived on `conn`.

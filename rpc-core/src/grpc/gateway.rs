@@ -60,7 +60,7 @@ static FORWARD: ServiceDescriptor = ServiceDescriptor {
 };
 
 /// The TLS settings of `grpc://` channels, numbered: a call names its
-/// channel's by number ([`crate::client::GATEWAY_TLS`]). Equal settings
+/// channel's by number ([`crate::conventions::GATEWAY_TLS`]). Equal settings
 /// share a number, so the list grows only with distinct settings.
 #[cfg(feature = "tls")]
 static GATEWAY_TLS: std::sync::Mutex<Vec<crate::tls::ClientTlsConfig>> =
@@ -136,10 +136,10 @@ fn to_tonic<T, U>(request: Request<T>, f: impl FnOnce(T) -> U) -> tonic::Request
     let deadline = request.deadline();
     let mut metadata = request.metadata().clone();
     for key in [
-        crate::client::GATEWAY_TARGET,
-        crate::client::GATEWAY_PATH,
-        crate::client::GATEWAY_TLS,
-        crate::server::FALLBACK_KIND,
+        crate::conventions::GATEWAY_TARGET,
+        crate::conventions::GATEWAY_PATH,
+        crate::conventions::GATEWAY_TLS,
+        crate::conventions::FALLBACK_KIND,
     ] {
         metadata.remove(key);
     }
@@ -222,12 +222,14 @@ impl crate::Service for Forward {
 
     fn call(&self, call: crate::ServerCall) {
         let md = call.metadata();
-        let target = md.get(crate::client::GATEWAY_TARGET).map(str::to_owned);
+        let target = md
+            .get(crate::conventions::GATEWAY_TARGET)
+            .map(str::to_owned);
         let path = md
-            .get(crate::client::GATEWAY_PATH)
+            .get(crate::conventions::GATEWAY_PATH)
             .and_then(|p| http::uri::PathAndQuery::try_from(p).ok());
-        let kind = md.get(crate::server::FALLBACK_KIND).map(str::to_owned);
-        let tls = md.get(crate::client::GATEWAY_TLS).map(str::to_owned);
+        let kind = md.get(crate::conventions::FALLBACK_KIND).map(str::to_owned);
+        let tls = md.get(crate::conventions::GATEWAY_TLS).map(str::to_owned);
         let (Some(target), Some(path), Some(kind)) = (target, path, kind) else {
             return call.unimplemented();
         };

@@ -6,11 +6,11 @@
 //! (request streams passed on to the other side).
 
 mod codec;
-mod face;
-mod gateway;
+pub(crate) mod face;
+pub(crate) mod gateway;
 mod relay;
 
-pub(crate) use face::GrpcFace;
+// The paths the client names (until it names the module).
 pub(crate) use gateway::gateway;
 #[cfg(feature = "tls")]
 pub(crate) use gateway::gateway_tls;

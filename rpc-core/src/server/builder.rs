@@ -312,7 +312,7 @@ impl ServerBuilder {
         self.config.validate()?;
         if std::mem::take(&mut self.reflection) && !self.services.is_empty() {
             let services: Vec<&dyn Service> = self.services.iter().map(|(s, _)| &**s).collect();
-            let reflection = crate::reflection::ReflectionServer::new(&services);
+            let reflection = crate::reflection::server::ReflectionServer::new(&services);
             self.services.push((Arc::new(reflection), false));
         }
         #[cfg(feature = "grpc")]
@@ -381,7 +381,7 @@ impl ServerBuilder {
             .shared
             .clone()
             .ok_or_else(|| Status::internal("gRPC face: the server has no calls to share"))?;
-        let face = crate::grpc::GrpcFace::start(addr, shared.clone(), runtime, tls)?;
+        let face = crate::grpc::face::GrpcFace::start(addr, shared.clone(), runtime, tls)?;
         main.grpc_addr = Some(face.local_addr());
         let stopper = main.stopper.take();
         main.stopper = Some(Box::new(WithFace {
@@ -565,7 +565,7 @@ impl ServerBuilder {
 /// under way end within the grace period), then the server itself.
 #[cfg(feature = "grpc")]
 struct WithFace {
-    face: crate::grpc::GrpcFace,
+    face: crate::grpc::face::GrpcFace,
     shared: Arc<ServerShared>,
     main: Option<Box<dyn Stop>>,
 }

@@ -6,6 +6,7 @@
 
 use super::registry::Registry;
 use super::task::{poll_handler, run_handler, run_task};
+use crate::conventions::UNKNOWN_METHOD;
 use crate::dispatch::OutFrame;
 use crate::dispatch::encode_exact;
 use crate::executor::{self, panic_message};
@@ -22,10 +23,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
-
-/// How the status of a call to a method the server lacks begins (the
-/// method's id follows): the client, which knows its path, names it.
-pub(crate) const UNKNOWN_METHOD: &str = "method id ";
 
 /// One incoming call, to be answered exactly once.
 pub struct ServerCall {

@@ -15,13 +15,13 @@ mod shutdown;
 mod start;
 mod task;
 
+pub(crate) use crate::conventions::UNKNOWN_METHOD;
+pub(crate) use crate::conventions::{FALLBACK_KIND, fallback_kind_name};
 pub use crate::descriptor::{MethodDescriptor, MethodKind, ServiceDescriptor};
 pub use builder::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_CONNECTIONS, Server, ServerBuilder};
 pub use call::ServerCall;
-pub(crate) use call::UNKNOWN_METHOD;
 #[cfg(feature = "grpc")]
 pub(crate) use registry::Registry;
-pub(crate) use route::{FALLBACK_KIND, fallback_kind_name};
 pub use shutdown::{DEFAULT_SHUTDOWN_GRACE, ServerHandle};
 #[cfg(feature = "grpc")]
 pub(crate) use start::{NewCall, ServerShared};

@@ -7,10 +7,11 @@
 use super::Service;
 use super::call::{ServerCall, take_signal};
 use super::registry::Registry;
-use super::route::{Route, fallback_kind, kind_name};
+use super::route::{Route, kind_name};
 #[cfg(feature = "grpc")]
 use super::task::ON_TOKIO;
 use crate::blocking::BlockingPool;
+use crate::conventions::fallback_kind;
 use crate::descriptor::MethodKind;
 use crate::executor::panic_message;
 use crate::idmap::IdMap;

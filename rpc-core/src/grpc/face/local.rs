@@ -169,7 +169,7 @@ impl LocalLink {
                 core.on_end(Ok(()), last, frame.metadata, true)
             }
             FrameKind::Error => {
-                let status = crate::client::error_status(&frame);
+                let status = frame.error_status();
                 core.on_end(Err(status), None, frame.metadata, true)
             }
             kind => {
