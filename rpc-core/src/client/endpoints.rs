@@ -6,7 +6,9 @@
 //! lookup or check on a short-lived thread of its own, so that a slow DNS
 //! server or a server that does not answer never delays a call.
 
-use super::{Channel, Connection, Handle, Target, reconnect};
+use super::connection::{Connection, Settings};
+use super::targets::Target;
+use super::{Channel, Handle, reconnect};
 use crate::fabric::{FabricUrl, Scheme};
 use crate::health::{HealthClient, ServingStatus};
 use crate::{Code, Request, Status};
@@ -384,7 +386,7 @@ impl Handle {
                 url: target.url.to_string(),
                 single: Some(target.clone()),
                 targets: ArcSwap::from_pointee(vec![target]),
-                settings: Arc::new(super::Settings {
+                settings: Arc::new(Settings {
                     config: self.settings.config.clone(),
                     credential: self.settings.credential.clone(),
                     tls: self.settings.tls.clone(),
