@@ -11,7 +11,7 @@ fn expected() -> Vec<(PathBuf, Vec<u8>)> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let proto = root.join("proto");
     let files = [
-        ("grpc/health/v1/health.proto", "src/health.fds.bin"),
+        ("grpc/health/v1/health.proto", "src/health/health.fds.bin"),
         (
             "grpc/reflection/v1/reflection.proto",
             "src/reflection/reflection.fds.bin",

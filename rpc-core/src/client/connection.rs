@@ -31,14 +31,6 @@ pub(super) struct Settings {
     pub(super) backoff: Option<Backoff>,
 }
 
-/// The metadata key naming a `grpc://` call's server, for the gateway.
-pub(crate) const GATEWAY_TARGET: &str = "rpc-gateway-target";
-/// The metadata key naming a `grpc://` call's method path, for the gateway.
-pub(crate) const GATEWAY_PATH: &str = "rpc-gateway-path";
-/// The metadata key naming the TLS settings of a `grpc://` call's channel
-/// (registered with the gateway), if it has any.
-pub(crate) const GATEWAY_TLS: &str = "rpc-gateway-tls";
-
 /// One connection of a channel, shared by the calls made on it.
 pub(super) struct Connection {
     /// Where it connected.
@@ -116,7 +108,7 @@ impl Connection {
             #[cfg(feature = "grpc")]
             Scheme::Grpc => ClientInner::Soft(Client::connect(
                 soft_runtime()?,
-                &FabricUrl::parse(crate::grpc::gateway()?)?,
+                &FabricUrl::parse(crate::grpc::gateway::gateway()?)?,
                 config,
                 None,
                 None,
@@ -130,7 +122,7 @@ impl Connection {
         };
         #[cfg(all(feature = "grpc", feature = "tls"))]
         let gateway_tls = match (url.scheme, &settings.tls) {
-            (Scheme::Grpc, Some(tls)) => Some(crate::grpc::gateway_tls(&tls.source)),
+            (Scheme::Grpc, Some(tls)) => Some(crate::grpc::gateway::gateway_tls(&tls.source)),
             _ => None,
         };
         #[cfg(not(all(feature = "grpc", feature = "tls")))]
@@ -158,14 +150,14 @@ impl Connection {
             return std::borrow::Cow::Borrowed(metadata);
         }
         let mut with = metadata.clone();
-        let _ = with.insert(GATEWAY_TARGET, self.url.socket_addr());
-        let _ = with.insert(GATEWAY_PATH, method.path);
+        let _ = with.insert(crate::conventions::GATEWAY_TARGET, self.url.socket_addr());
+        let _ = with.insert(crate::conventions::GATEWAY_PATH, method.path);
         if let Some(tls) = &self.gateway_tls {
-            let _ = with.insert(GATEWAY_TLS, tls.as_str());
+            let _ = with.insert(crate::conventions::GATEWAY_TLS, tls.as_str());
         }
         let _ = with.insert(
-            crate::server::FALLBACK_KIND,
-            crate::server::fallback_kind_name(method.kind),
+            crate::conventions::FALLBACK_KIND,
+            crate::conventions::fallback_kind_name(method.kind),
         );
         std::borrow::Cow::Owned(with)
     }

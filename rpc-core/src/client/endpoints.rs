@@ -10,7 +10,7 @@ use super::connection::{Connection, Settings};
 use super::targets::Target;
 use super::{Channel, Handle, reconnect};
 use crate::fabric::{FabricUrl, Scheme};
-use crate::health::{HealthClient, ServingStatus};
+use crate::health::{CHECK, HealthCheckRequest, HealthCheckResponse, ServingStatus};
 use crate::{Code, Request, Status};
 use arc_swap::ArcSwap;
 use std::net::ToSocketAddrs;
@@ -317,12 +317,14 @@ impl Handle {
             return;
         }
         drop(current);
-        let mut request = Request::new(crate::health::HealthCheckRequest {
+        let mut request = Request::new(HealthCheckRequest {
             service: check.service.clone(),
         });
         request.set_timeout(check.interval);
         let pinned = h.pinned(conn.clone());
-        let answer = HealthClient::new(pinned).check_request(request).wait();
+        let answer = pinned
+            .unary::<_, HealthCheckResponse>(CHECK, request)
+            .wait();
         let serving = match &answer {
             Ok(r) => r.get_ref().status == ServingStatus::Serving as i32,
             // A server without the health service serves whatever it has.

@@ -16,11 +16,6 @@ pub use endpoints::{Dns, Resolver};
 pub use reconnect::Backoff;
 pub use targets::Balance;
 pub use unary::UnaryCall;
-// What the gRPC gateway (`crate::grpc`) takes from the client.
-#[cfg(feature = "grpc")]
-pub(crate) use connection::{GATEWAY_PATH, GATEWAY_TARGET, GATEWAY_TLS};
-#[cfg(feature = "grpc")]
-pub(crate) use role::error_status;
 
 use crate::descriptor::MethodDescriptor;
 use crate::interceptor::Chain;

@@ -8,7 +8,7 @@ use crate::protocol::header::Header;
 use crate::protocol::{CallId, CallTable, FrameKind};
 use crate::slot::SlotPool;
 use crate::streaming::{StreamCore, send_control};
-use crate::{Code, Metadata, Response, Status};
+use crate::{Metadata, Response, Status};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -206,7 +206,7 @@ impl<F: Fabric> Role<F> for ClientRole {
                 core.on_end(Ok(()), last, frame.metadata, true)
             }
             _ => {
-                let status = error_status(&frame);
+                let status = frame.error_status();
                 core.on_end(Err(status), None, frame.metadata, true)
             }
         };
@@ -290,16 +290,6 @@ pub(super) fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {
     let _ = send_control(conn, FrameKind::Cancel, id, 0);
 }
 
-/// The status an `Error` frame carries.
-pub(crate) fn error_status(frame: &Frame) -> Status {
-    let message = String::from_utf8_lossy(&frame.payload).into_owned();
-    Status::from_wire(
-        Code::from_u16(frame.header.status),
-        message,
-        frame.metadata.as_ref(),
-    )
-}
-
 /// What a unary call's `Response` or `Error` frame tells its caller.
 fn unary_outcome(frame: Frame) -> Result<RawReply, Status> {
     match frame.header.kind {
@@ -310,7 +300,7 @@ fn unary_outcome(frame: Frame) -> Result<RawReply, Status> {
             }),
             None => Err(Status::internal("server sent malformed response metadata")),
         },
-        _ => Err(error_status(&frame)),
+        _ => Err(frame.error_status()),
     }
 }
 

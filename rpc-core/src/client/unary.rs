@@ -223,7 +223,9 @@ impl<T> UnaryCall<T> {
             // The server knows a method by its id only: name it here.
             if let Err(status) = result {
                 if status.code() == Code::Unimplemented
-                    && status.message().starts_with(crate::server::UNKNOWN_METHOD)
+                    && status
+                        .message()
+                        .starts_with(crate::conventions::UNKNOWN_METHOD)
                 {
                     status.add_context(obs.method());
                 }

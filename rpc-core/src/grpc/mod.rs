@@ -10,11 +10,6 @@ pub(crate) mod face;
 pub(crate) mod gateway;
 mod relay;
 
-// The paths the client names (until it names the module).
-pub(crate) use gateway::gateway;
-#[cfg(feature = "tls")]
-pub(crate) use gateway::gateway_tls;
-
 use crate::Status;
 
 /// A runtime of its own for `what`: two `rpc-grpc` threads.

@@ -359,7 +359,7 @@ impl ServerBuilder {
 
     /// A service for the calls of methods no added service has, whose
     /// kind the caller names in metadata
-    /// ([`FALLBACK_KIND`](super::FALLBACK_KIND)): the gateway of `grpc://`
+    /// ([`FALLBACK_KIND`](crate::conventions::FALLBACK_KIND)): the gateway of `grpc://`
     /// clients passes any method on.
     #[cfg(feature = "grpc")]
     pub(crate) fn fallback(mut self, service: Arc<dyn Service>) -> Self {

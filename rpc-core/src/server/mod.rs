@@ -15,8 +15,6 @@ mod shutdown;
 mod start;
 mod task;
 
-pub(crate) use crate::conventions::UNKNOWN_METHOD;
-pub(crate) use crate::conventions::{FALLBACK_KIND, fallback_kind_name};
 pub use crate::descriptor::{MethodDescriptor, MethodKind, ServiceDescriptor};
 pub use builder::{DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_CONNECTIONS, Server, ServerBuilder};
 pub use call::ServerCall;

@@ -1,92 +1,18 @@
-//! The standard health service, `grpc.health.v1.Health`: `Check` and the
-//! streaming `Watch`, with the package, method and message names of gRPC's
-//! `health.proto`, so health checkers that speak it understand ours.
-//!
-//! ```no_run
-//! # fn main() -> Result<(), rpc_core::Status> {
-//! use rpc_core::health::{self, ServingStatus};
-//! let (reporter, health) = health::service();
-//! # struct Kv; impl rpc_core::Service for Kv { fn descriptor(&self) -> &'static rpc_core::server::ServiceDescriptor { unimplemented!() } fn call(&self, _: rpc_core::ServerCall) {} }
-//! let server = rpc_core::Server::builder()
-//!     .add_service(Kv)
-//!     .add_service(health)
-//!     .serve("tcp://0.0.0.0:7471")?;
-//! reporter.set_status("kv.Kv", ServingStatus::Serving);
-//! // ... and to drain traffic some time before a planned shutdown:
-//! reporter.set_status("", ServingStatus::NotServing);
-//! # Ok(()) }
-//! ```
-//!
-//! The empty service name stands for the server as a whole; it is
-//! `Serving` from the start. When the server shuts down
-//! ([`ServerHandle::shutdown`](crate::ServerHandle::shutdown)), every
-//! status becomes `NotServing` for good (later changes are ignored) and
-//! every `Watch` stream ends, after saying `NotServing` if its service has
-//! a status: watchers learn at once, and the shutdown does not wait for
-//! them. A health service added to several servers does this when the
-//! first of them shuts down.
+//! The health service's server side: the statuses a server reports
+//! ([`HealthReporter`]), and [`HealthServer`], which answers checks and
+//! streams each change to watchers.
 
-use crate::codegen::{MethodDescriptor, MethodKind, ServiceDescriptor, method_id};
-use crate::{Channel, Request, Response, ServerCall, Service, Status, Streaming, UnaryCall};
+use super::{
+    CHECK, DESCRIPTOR, FILE_DESCRIPTOR_SET, HealthCheckRequest, HealthCheckResponse, ServingStatus,
+    WATCH,
+};
+use crate::descriptor::ServiceDescriptor;
+use crate::{Request, Response, ServerCall, Service, Status};
 use futures_core::Stream;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-
-/// `grpc.health.v1.HealthCheckRequest`.
-#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
-pub struct HealthCheckRequest {
-    /// The service asked about (`package.Service`), or empty for the server.
-    #[prost(string, tag = "1")]
-    pub service: String,
-}
-
-/// `grpc.health.v1.HealthCheckResponse`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
-pub struct HealthCheckResponse {
-    /// A [`ServingStatus`].
-    #[prost(enumeration = "ServingStatus", tag = "1")]
-    pub status: i32,
-}
-
-/// `grpc.health.v1.HealthCheckResponse.ServingStatus`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
-#[repr(i32)]
-pub enum ServingStatus {
-    /// Not known.
-    Unknown = 0,
-    /// Serving.
-    Serving = 1,
-    /// Not serving (starting, draining, or failed).
-    NotServing = 2,
-    /// `Watch` only: the service is not known to this server.
-    ServiceUnknown = 3,
-}
-
-static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor {
-    name: "grpc.health.v1.Health",
-    methods: &[
-        MethodDescriptor {
-            name: "Check",
-            path: "/grpc.health.v1.Health/Check",
-            id: method_id("/grpc.health.v1.Health/Check"),
-            kind: MethodKind::Unary,
-        },
-        MethodDescriptor {
-            name: "Watch",
-            path: "/grpc.health.v1.Health/Watch",
-            id: method_id("/grpc.health.v1.Health/Watch"),
-            kind: MethodKind::ServerStreaming,
-        },
-    ],
-};
-/// `grpc/health/v1/health.proto` (`rpc-core/proto`), encoded as a
-/// `FileDescriptorSet`.
-const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("health.fds.bin");
-
-const CHECK: &MethodDescriptor = &DESCRIPTOR.methods[0];
-const WATCH: &MethodDescriptor = &DESCRIPTOR.methods[1];
 
 /// The statuses, and the watchers to tell when one changes.
 #[derive(Default)]
@@ -285,56 +211,5 @@ impl Stream for Watch {
             // Another service changed: look again (registers the waker).
             Pin::new(this).poll_next(cx)
         }
-    }
-}
-
-/// A client of any server's health service.
-#[derive(Debug, Clone)]
-pub struct HealthClient {
-    channel: Channel,
-}
-
-impl HealthClient {
-    /// A client on `channel`.
-    pub fn new(channel: Channel) -> HealthClient {
-        HealthClient { channel }
-    }
-
-    /// Asks for `service`'s status now (`""`: the server's).
-    pub fn check(&self, service: &str) -> UnaryCall<HealthCheckResponse> {
-        self.channel.unary(
-            CHECK,
-            Request::new(HealthCheckRequest {
-                service: service.to_owned(),
-            }),
-        )
-    }
-
-    /// Like [`HealthClient::check`], with the request's metadata and
-    /// timeout.
-    pub fn check_request(
-        &self,
-        request: Request<HealthCheckRequest>,
-    ) -> UnaryCall<HealthCheckResponse> {
-        self.channel.unary(CHECK, request)
-    }
-
-    /// Streams `service`'s status: now, then each change.
-    pub fn watch(&self, service: &str) -> Streaming<HealthCheckResponse> {
-        self.channel.server_streaming(
-            WATCH,
-            Request::new(HealthCheckRequest {
-                service: service.to_owned(),
-            }),
-        )
-    }
-
-    /// Like [`HealthClient::watch`], with the request's metadata and
-    /// timeout.
-    pub fn watch_request(
-        &self,
-        request: Request<HealthCheckRequest>,
-    ) -> Streaming<HealthCheckResponse> {
-        self.channel.server_streaming(WATCH, request)
     }
 }
