@@ -177,7 +177,7 @@ fn cancel_waiting_lent_requests(url: &str, len: usize, calls: u64) -> u64 {
     let blocker = echo.echo(echo_request("blocker", vec![1], &[("block", "go")]));
     probe.wait_entered("blocker");
     let before = rpc_core::testing::reads_posted();
-    let payload = big_pattern(len, 9);
+    let payload = pattern(len, 9);
     for i in 0..calls {
         drop(echo.echo(echo_request(&format!("big-{i}"), payload.clone(), &[])));
     }
@@ -197,26 +197,13 @@ fn cancel_waiting_lent_requests(url: &str, len: usize, calls: u64) -> u64 {
     posted
 }
 
-/// `len` bytes of a pattern, quickly (a word at a time: this is a debug build).
-fn big_pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for chunk in v.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-    v
-}
-
 /// A request and a response of `len` bytes each, every byte checked (the
 /// echo answers with what it received); then no buffer stays in use.
 fn huge_round_trip(url: &str, len: usize) {
     let probe = Probe::new();
     let (server, echo) = serve_large(test_server(&probe), url, len, HUGE_LIMIT);
     let started = std::time::Instant::now();
-    let payload = big_pattern(len, 3);
+    let payload = pattern(len, 3);
     let reply = echo
         .echo(echo_request("gib", payload.clone(), &[]))
         .wait()
@@ -266,10 +253,8 @@ fn a_256_mib_message_each_way_round_trips_intact_on_rdma() {
 fn lost_mid_transfer(url: &str, len: usize, limit: std::time::Duration) {
     let probe = Probe::new();
     let (server, echo) = serve_large(test_server(&probe), url, len, limit);
-    let call = std::thread::spawn(move || {
-        echo.echo(echo_request("cut", big_pattern(len, 5), &[]))
-            .wait()
-    });
+    let call =
+        std::thread::spawn(move || echo.echo(echo_request("cut", pattern(len, 5), &[])).wait());
     // Both sides hold a buffer: the client's lent request, the server's
     // destination.
     eventually_within(limit, "the transfer starts", || {
