@@ -8,10 +8,12 @@ usage: rpc-bench --url URL --size BYTES --calls N --concurrency C [--tokio]
                  [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
                  [--ring-size BYTES] [--rendezvous-above BYTES]
+                 [--compression gzip|zstd|deflate] [--payload repeating|random]
        rpc-bench --stream --url URL --size BYTES --calls N [--concurrency C]
                  [--stream-len M] [--connections K] [--warmup N] [--json FILE]
                  [--baseline tonic|perftest|channel|plaintext] [--spin-us N] [--tls]
                  [--ring-size BYTES] [--rendezvous-above BYTES]
+                 [--compression gzip|zstd|deflate] [--payload repeating|random]
 
 Runs N unary echo calls of BYTES-byte payloads against an echo server
 embedded in this process on URL (mem://name, tcp://host:port, rdma://host:port;
@@ -57,6 +59,10 @@ name the fabric tls.
 --spin-us N (an experiment, not a default) sets how long server and client
 poll an idle queue before they sleep (the builders' spin(); default: 50 µs,
 adapted to the gaps observed).
+--compression ENCODING has both sides send their messages compressed (the
+builders' send_compressed()); --payload random makes the payloads random
+bytes (incompressible) instead of the default's repeated byte. The fabric
+label gets -ENCODING and -random added.
 --ring-size BYTES (an experiment, not a default) sets the receive ring of
 server and clients (the builders' ring_size(); a power of two).
 --rendezvous-above BYTES (an experiment, not a default) sets the payload size
@@ -189,6 +195,24 @@ impl Options {
                     tuning.rendezvous_above = Some(number(&name, &value()?)? as usize)
                 }
                 "--stream-len" => stream_len = Some(number(&name, &value()?)?),
+                "--compression" => {
+                    let v = value()?;
+                    tuning.compression =
+                        Some(rpc_core::Encoding::from_name(&v).ok_or_else(|| {
+                            format!("--compression {v:?}: expected gzip, zstd or deflate")
+                        })?);
+                }
+                "--payload" => {
+                    tuning.random_payload = match value()?.as_str() {
+                        "repeating" => false,
+                        "random" => true,
+                        other => {
+                            return Err(format!(
+                                "--payload {other:?}: expected repeating or random"
+                            ));
+                        }
+                    }
+                }
                 "--help" | "-h" => return Ok(None),
                 _ => return Err(format!("unexpected argument {arg:?}")),
             }

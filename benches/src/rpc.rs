@@ -78,6 +78,10 @@ pub struct Tuning {
     pub max_message: Option<usize>,
     /// Payloads above this many bytes travel by rendezvous, each side.
     pub rendezvous_above: Option<usize>,
+    /// Both sides send their messages compressed in this encoding.
+    pub compression: Option<rpc_core::Encoding>,
+    /// Random (incompressible) payloads instead of a repeated byte.
+    pub random_payload: bool,
 }
 
 /// The largest message both sides accept by default.
@@ -109,6 +113,9 @@ impl Tuning {
         if let Some(bytes) = self.rendezvous_above {
             builder = builder.rendezvous_above(bytes);
         }
+        if let Some(encoding) = self.compression {
+            builder = builder.send_compressed(encoding);
+        }
         builder
     }
 
@@ -124,6 +131,9 @@ impl Tuning {
         }
         if let Some(bytes) = self.rendezvous_above {
             builder = builder.rendezvous_above(bytes);
+        }
+        if let Some(encoding) = self.compression {
+            builder = builder.send_compressed(encoding);
         }
         builder
     }
@@ -155,6 +165,8 @@ pub struct RpcBench {
     url: String,
     params: Params,
     tls: bool,
+    /// What the fabric's label adds: `-gzip`, `-random` and the like.
+    label: String,
     /// The runtime `--tokio` makes the calls from.
     tokio: Option<tokio::runtime::Runtime>,
 }
@@ -164,6 +176,7 @@ impl RpcBench {
     /// cannot be set up.
     pub fn start(run: &RpcRun) -> Result<RpcBench, String> {
         let tuning = run.tuning.fitting(run.params.size);
+        crate::payload::set_random(tuning.random_payload);
         let server = serve(&run.url, &tuning, run.tls.as_ref())?;
         let url = server.local_url().to_owned();
         let mut clients = Vec::with_capacity(run.params.connections);
@@ -193,6 +206,13 @@ impl RpcBench {
             url,
             params: run.params,
             tls: run.tls.is_some(),
+            label: [
+                tuning.compression.map(|e| format!("-{e}")),
+                tuning.random_payload.then(|| "-random".to_owned()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
             tokio: match run.tokio {
                 true => Some(
                     tokio::runtime::Builder::new_multi_thread()
@@ -217,9 +237,10 @@ impl RpcBench {
             "tcp" if self.tls => "tls",
             other => other,
         };
+        let label = &self.label;
         match self.tokio {
-            Some(_) => format!("{fabric}-tokio"),
-            None => fabric.to_owned(),
+            Some(_) => format!("{fabric}{label}-tokio"),
+            None => format!("{fabric}{label}"),
         }
     }
 }

@@ -151,7 +151,7 @@ pub fn serve_until_killed(name: &str, service: impl Service) -> ! {
 
 /// Blocks SIGINT and SIGTERM on this thread (and the threads it starts
 /// after), and returns the set to wait for them with.
-fn block_termination_signals() -> libc::sigset_t {
+pub fn block_termination_signals() -> libc::sigset_t {
     // SAFETY: `set` is a plain sigset_t initialised by `sigemptyset` before
     // use; `pthread_sigmask` only reads it.
     unsafe {
@@ -165,7 +165,7 @@ fn block_termination_signals() -> libc::sigset_t {
 }
 
 /// Waits for one of the signals of `set` (blocked beforehand) and returns it.
-fn wait_for_termination(set: &libc::sigset_t) -> i32 {
+pub fn wait_for_termination(set: &libc::sigset_t) -> i32 {
     loop {
         let mut signal = 0;
         // SAFETY: `set` is a valid, initialised signal set and `signal` a

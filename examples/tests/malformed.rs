@@ -445,6 +445,17 @@ on_soft_fabrics! {
         let message =
             expect_error(&mut raw, ECHO.methods[0].id, &[], &[0x0a, 0x05, 1], Code::InvalidArgument);
         assert!(message.contains("EchoRequest"), "{message}");
+        // A message its frame says is gzip-compressed (encoding bits 3-4 of
+        // the flags: 1), which does not inflate.
+        let call_id = raw.call_id();
+        let mut header = request_header(ECHO.methods[0].id, call_id, 0, 7);
+        header.flags |= 1 << 3;
+        raw.send_at_head(&frame(header, &[], b"not gz!"), None);
+        let reply = raw.receive();
+        assert_eq!(reply.header.kind, FrameKind::Error, "{reply:?}");
+        assert_eq!(reply.header.status, Code::Internal as u16, "{reply:?}");
+        let message = String::from_utf8(reply.payload).unwrap();
+        assert!(message.contains("gzip"), "{message}");
         // Metadata that does not parse: a key of 5 bytes with 2 present.
         expect_error(&mut raw, ECHO.methods[0].id, &[5, b'a', b'b'], &[], Code::InvalidArgument);
         // A handler that panics.

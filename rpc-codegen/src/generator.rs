@@ -18,7 +18,15 @@ use std::fmt::Write;
 const RT: &str = "::rpc_core::codegen";
 
 /// Client methods that an rpc method of the same name would clash with.
-const CLIENT_OWN_METHODS: [&str; 4] = ["new", "connect", "connect_async", "channel"];
+const CLIENT_OWN_METHODS: [&str; 7] = [
+    "new",
+    "connect",
+    "connect_async",
+    "channel",
+    "send_compressed",
+    "accept_compressed",
+    "accept_encodings",
+];
 
 pub(crate) struct ServiceGenerator;
 
@@ -128,6 +136,25 @@ fn generate_client(service: &Service, names: &Names, buf: &mut String) {
             /// The underlying channel.
             pub fn channel(&self) -> &{RT}::Channel {{
                 &self.inner
+            }}
+            /// Sends requests compressed in `encoding` (see `Channel::send_compressed`).
+            #[must_use]
+            pub fn send_compressed(mut self, encoding: {RT}::Encoding) -> Self {{
+                self.inner = self.inner.send_compressed(encoding);
+                self
+            }}
+            /// Accepts responses compressed in `encoding`; once one is named,
+            /// only those named (see `Channel::accept_compressed`).
+            #[must_use]
+            pub fn accept_compressed(mut self, encoding: {RT}::Encoding) -> Self {{
+                self.inner = self.inner.accept_compressed(encoding);
+                self
+            }}
+            /// Accepts responses compressed in exactly the encodings of `set`.
+            #[must_use]
+            pub fn accept_encodings(mut self, set: {RT}::EncodingSet) -> Self {{
+                self.inner = self.inner.accept_encodings(set);
+                self
             }}"
     );
     for (index, method) in service.methods.iter().enumerate() {
@@ -319,6 +346,7 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
         "/// Serves an implementation of [`{service_trait}`]; pass it to `Server::builder().add_service(..)`.
         pub struct {server}<{param}: {service_trait}> {{
             inner: ::std::sync::Arc<{param}>,
+            compression: ::core::option::Option<{RT}::CompressionConfig>,
         }}
         impl<{param}: {service_trait}> {server}<{param}> {{
             /// Wraps `inner`.
@@ -327,16 +355,36 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
             }}
             /// Wraps an `inner` that is already shared.
             pub fn from_arc(inner: ::std::sync::Arc<{param}>) -> Self {{
-                Self {{ inner }}
+                Self {{ inner, compression: ::core::option::Option::None }}
             }}
             /// The wrapped implementation.
             pub fn get_ref(&self) -> &{param} {{
                 &self.inner
             }}
+            /// Sends responses compressed in `encoding` to callers that accept
+            /// it. The service's settings replace the server's.
+            #[must_use]
+            pub fn send_compressed(mut self, encoding: {RT}::Encoding) -> Self {{
+                self.compression = ::core::option::Option::Some(self.compression.unwrap_or_default().send_compressed(encoding));
+                self
+            }}
+            /// Accepts requests compressed in `encoding`; once one is named,
+            /// only those named (a request in another fails `Unimplemented`).
+            #[must_use]
+            pub fn accept_compressed(mut self, encoding: {RT}::Encoding) -> Self {{
+                self.compression = ::core::option::Option::Some(self.compression.unwrap_or_default().accept_compressed(encoding));
+                self
+            }}
+            /// Accepts requests compressed in exactly the encodings of `set`.
+            #[must_use]
+            pub fn accept_encodings(mut self, set: {RT}::EncodingSet) -> Self {{
+                self.compression = ::core::option::Option::Some(self.compression.unwrap_or_default().accept_encodings(set));
+                self
+            }}
         }}
         impl<{param}: {service_trait}> ::core::clone::Clone for {server}<{param}> {{
             fn clone(&self) -> Self {{
-                Self {{ inner: ::std::sync::Arc::clone(&self.inner) }}
+                Self {{ inner: ::std::sync::Arc::clone(&self.inner), compression: self.compression }}
             }}
         }}
         impl<{param}: {service_trait}> ::core::fmt::Debug for {server}<{param}> {{
@@ -350,6 +398,9 @@ fn generate_server(service: &Service, names: &Names, buf: &mut String) {
             }}
             fn file_descriptor_set(&self) -> &'static [u8] {{
                 super::FILE_DESCRIPTOR_SET
+            }}
+            fn compression(&self) -> ::core::option::Option<{RT}::CompressionConfig> {{
+                self.compression
             }}
             fn call(&self, call: {RT}::ServerCall) {{"
     );

@@ -6,8 +6,8 @@ pub use crate::client::UnaryCall;
 pub use crate::descriptor::{MethodDescriptor, MethodKind, ServiceDescriptor, method_id};
 pub use crate::server::{ServerCall, Service};
 pub use crate::{
-    Channel, ClientStreamingCall, Code, IntoRequest, IntoStreamingRequest, Metadata, Request,
-    RequestSender, Response, Status, Streaming,
+    Channel, ClientStreamingCall, Code, CompressionConfig, Encoding, EncodingSet, IntoRequest,
+    IntoStreamingRequest, Metadata, Request, RequestSender, Response, Status, Streaming,
 };
 pub use futures_core::Stream;
 pub use prost;

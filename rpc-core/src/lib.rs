@@ -51,6 +51,7 @@ mod blocking;
 mod cancel;
 pub mod client;
 pub mod codegen;
+pub mod compression;
 mod conventions;
 mod descriptor;
 mod dispatch;
@@ -151,6 +152,7 @@ pub use auth::{Peer, SharedSecret, SharedSecrets};
 pub use blocking::{Blocking, blocking};
 pub use client::ChannelBuilder;
 pub use client::{Backoff, Balance, Channel, UnaryCall};
+pub use compression::{CompressionConfig, CompressionSwitch, Encoding, EncodingSet};
 pub use dispatch::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 /// The `Stream` trait (of `futures-core`, the same as `futures::Stream`):
 /// what streaming handlers return and streaming calls take.

@@ -1,6 +1,7 @@
 //! `Request<T>` and `Response<T>`: a message with its metadata and call options.
 
 use crate::cancel::Signal;
+use crate::compression::{CompressionSwitch, Encoding};
 use crate::{Metadata, Peer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +23,8 @@ pub struct Request<T> {
     signal: Option<Arc<Signal>>,
     /// On the server: who called.
     peer: Option<Arc<Peer>>,
+    /// On the server: the encoding the message arrived compressed in.
+    encoding: Option<Encoding>,
 }
 
 impl<T> Request<T> {
@@ -36,6 +39,7 @@ impl<T> Request<T> {
             deadline: None,
             signal: None,
             peer: None,
+            encoding: None,
         }
     }
 
@@ -193,6 +197,7 @@ impl<T> Request<T> {
             deadline: self.deadline,
             signal: self.signal,
             peer: self.peer,
+            encoding: self.encoding,
         }
     }
 
@@ -201,6 +206,18 @@ impl<T> Request<T> {
     /// `ServerBuilder::authenticator`). `None` on the client.
     pub fn peer(&self) -> Option<&Peer> {
         self.peer.as_deref()
+    }
+
+    /// On the server: the encoding the request's message arrived
+    /// compressed in; `None` if it came as it is (or the call is a stream,
+    /// whose messages say it each: [`crate::Streaming::message_encoding`]).
+    pub fn message_encoding(&self) -> Option<Encoding> {
+        self.encoding
+    }
+
+    pub(crate) fn with_encoding(mut self, encoding: Option<Encoding>) -> Request<T> {
+        self.encoding = encoding;
+        self
     }
 
     pub(crate) fn from_wire(
@@ -219,6 +236,7 @@ impl<T> Request<T> {
             deadline,
             signal,
             peer,
+            encoding: None,
         }
     }
 }
@@ -252,6 +270,11 @@ pub struct Response<T> {
     message: T,
     metadata: Metadata,
     trailers: Option<Trailers>,
+    /// On the server: how this response's messages leave, over the
+    /// service's setting.
+    compression: Option<CompressionSwitch>,
+    /// On the client: the encoding the message arrived compressed in.
+    encoding: Option<Encoding>,
 }
 
 impl<T> Response<T> {
@@ -261,7 +284,56 @@ impl<T> Response<T> {
             message,
             metadata: Metadata::new(),
             trailers: None,
+            compression: None,
+            encoding: None,
         }
+    }
+
+    /// On the server: sends this response's message compressed in
+    /// `encoding` (`None`: as it is), whatever the service's setting, if
+    /// the caller accepts that encoding (otherwise as it is). For a
+    /// stream, every message; [`Response::with_compression_switch`] lets
+    /// the stream choose message by message.
+    pub fn send_compressed(self, encoding: Option<Encoding>) -> Response<T> {
+        self.with_compression_switch(CompressionSwitch::new(encoding))
+    }
+
+    /// On the server: the messages of this response leave in the encoding
+    /// `switch` holds as each is encoded, so a response stream that sets it
+    /// before yielding a message decides how that message travels.
+    ///
+    /// ```
+    /// use rpc_core::{CompressionSwitch, Encoding, Response};
+    /// let switch = CompressionSwitch::new(Some(Encoding::Gzip));
+    /// let each = switch.clone();
+    /// let stream = futures::stream::iter([true, false]).map(move |compress| {
+    ///     each.set(compress.then_some(Encoding::Gzip));
+    ///     Ok::<_, rpc_core::Status>(vec![0u8; 1000])
+    /// });
+    /// # use futures::StreamExt;
+    /// let response = Response::new(stream).with_compression_switch(switch);
+    /// # drop(response);
+    /// ```
+    pub fn with_compression_switch(mut self, switch: CompressionSwitch) -> Response<T> {
+        self.compression = Some(switch);
+        self
+    }
+
+    /// The switch set with [`Response::send_compressed`] or
+    /// [`Response::with_compression_switch`].
+    pub(crate) fn compression_switch(&self) -> Option<&CompressionSwitch> {
+        self.compression.as_ref()
+    }
+
+    /// On the client: the encoding the response's message arrived
+    /// compressed in; `None` if it came as it is.
+    pub fn message_encoding(&self) -> Option<Encoding> {
+        self.encoding
+    }
+
+    pub(crate) fn with_encoding(mut self, encoding: Option<Encoding>) -> Response<T> {
+        self.encoding = encoding;
+        self
     }
 
     /// Sends what `trailers` holds when the call ends, with its final
@@ -329,6 +401,8 @@ impl<T> Response<T> {
             message,
             metadata,
             trailers: None,
+            compression: None,
+            encoding: None,
         }
     }
 
@@ -346,6 +420,8 @@ impl<T> Response<T> {
             message: f(self.message),
             metadata: self.metadata,
             trailers: self.trailers,
+            compression: self.compression,
+            encoding: self.encoding,
         }
     }
 }

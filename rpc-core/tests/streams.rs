@@ -26,6 +26,16 @@ fn item(seq: u64) -> Item {
     Item { seq, data: vec![] }
 }
 
+/// How an `Encodings` call reports an encoding.
+fn encoding_code(encoding: Option<rpc_core::Encoding>) -> u8 {
+    encoding.map_or(0, |e| {
+        1 + rpc_core::Encoding::ALL
+            .iter()
+            .position(|a| *a == e)
+            .unwrap() as u8
+    })
+}
+
 /// `len` bytes for message `seq`: a 251-byte run (prime, so that no run
 /// lines up with a frame or chunk edge) of `i * 31 + seq` repeated, built
 /// by copies (byte by byte, the tests' unoptimised build takes seconds per
@@ -63,6 +73,7 @@ static DESCRIPTOR: ServiceDescriptor = ServiceDescriptor {
         method!("Fail", ServerStreaming),
         method!("Budget", Unary),
         method!("Relay", Unary),
+        method!("Encodings", ClientStreaming),
     ],
 };
 const COUNT: &MethodDescriptor = &DESCRIPTOR.methods[0];
@@ -74,6 +85,7 @@ const WAIT_CANCEL: &MethodDescriptor = &DESCRIPTOR.methods[5];
 const FAIL: &MethodDescriptor = &DESCRIPTOR.methods[6];
 const BUDGET: &MethodDescriptor = &DESCRIPTOR.methods[7];
 const RELAY: &MethodDescriptor = &DESCRIPTOR.methods[8];
+const ENCODINGS: &MethodDescriptor = &DESCRIPTOR.methods[9];
 
 /// What the handlers report to the tests.
 #[derive(Default)]
@@ -150,6 +162,22 @@ impl Service for Feed {
                     Ok(Response::new(Item {
                         seq: sum,
                         data: vec![count as u8],
+                    }))
+                })
+            }
+            // How each message arrived: a byte each, 0 as it was, else
+            // 1 + its encoding's place in `Encoding::ALL`.
+            id if id == ENCODINGS.id => {
+                call.client_streaming(|r: Request<rpc_core::Streaming<Item>>| async move {
+                    let mut stream = r.into_inner();
+                    let mut seen = Vec::new();
+                    while let Some(item) = stream.message().await? {
+                        assert_eq!(item.data, numbered(item.data.len(), item.seq));
+                        seen.push(encoding_code(stream.message_encoding()));
+                    }
+                    Ok(Response::new(Item {
+                        seq: seen.len() as u64,
+                        data: seen,
                     }))
                 })
             }
@@ -363,6 +391,47 @@ fn client_streams_and_bidi_streams_both_ways(url: &str) {
     }
     drop(tx); // half-closes
     assert!(rx.blocking_message().unwrap().is_none(), "{url}");
+}
+
+on_every_fabric!(a_request_stream_switches_compression_message_by_message);
+/// A sender switches compression between messages, small ones batched in
+/// the ring and large ones lent: the server sees each as it was sent, and
+/// the channel's setting holds until the sender changes it.
+fn a_request_stream_switches_compression_message_by_message(url: &str) {
+    use rpc_core::Encoding;
+    let (_server, ch, _) = start(url);
+    let ch = ch.send_compressed(Encoding::Zstd);
+    let (mut tx, call) = client_streaming_sender::<Item, Item>(&ch, ENCODINGS, Request::new(()));
+    let plan = [
+        (None, 100),
+        (Some(Encoding::Zstd), 100),
+        (Some(Encoding::Gzip), 100),
+        (Some(Encoding::Gzip), 100),
+        (None, 300_000),
+        (Some(Encoding::Deflate), 300_000),
+        (Some(Encoding::Zstd), 10),
+    ];
+    let mut want = Vec::new();
+    for (seq, (encoding, len)) in plan.into_iter().enumerate() {
+        // The first goes with the channel's setting.
+        let sent = if seq == 0 {
+            Some(Encoding::Zstd)
+        } else {
+            encoding
+        };
+        if seq > 0 {
+            tx.set_compression(encoding);
+        }
+        tx.send(Item {
+            seq: seq as u64,
+            data: numbered(len, seq as u64),
+        })
+        .unwrap();
+        want.push(encoding_code(sent));
+    }
+    tx.close().unwrap();
+    let reply = futures::executor::block_on(call).unwrap().into_inner();
+    assert_eq!(reply.data, want, "{url}");
 }
 
 on_every_fabric!(messages_lent_and_in_the_ring_keep_their_order);

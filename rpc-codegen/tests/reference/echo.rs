@@ -57,6 +57,34 @@ pub mod echo_client {
         pub fn channel(&self) -> &::rpc_core::codegen::Channel {
             &self.inner
         }
+        /// Sends requests compressed in `encoding` (see `Channel::send_compressed`).
+        #[must_use]
+        pub fn send_compressed(
+            mut self,
+            encoding: ::rpc_core::codegen::Encoding,
+        ) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Accepts responses compressed in `encoding`; once one is named,
+        /// only those named (see `Channel::accept_compressed`).
+        #[must_use]
+        pub fn accept_compressed(
+            mut self,
+            encoding: ::rpc_core::codegen::Encoding,
+        ) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Accepts responses compressed in exactly the encodings of `set`.
+        #[must_use]
+        pub fn accept_encodings(
+            mut self,
+            set: ::rpc_core::codegen::EncodingSet,
+        ) -> Self {
+            self.inner = self.inner.accept_encodings(set);
+            self
+        }
         /// Returns the request's payload unchanged, and its metadata.
         pub fn echo(
             &self,
@@ -149,6 +177,7 @@ pub mod echo_server {
     /// Serves an implementation of [`Echo`]; pass it to `Server::builder().add_service(..)`.
     pub struct EchoServer<T: Echo> {
         inner: ::std::sync::Arc<T>,
+        compression: ::core::option::Option<::rpc_core::codegen::CompressionConfig>,
     }
     impl<T: Echo> EchoServer<T> {
         /// Wraps `inner`.
@@ -157,17 +186,56 @@ pub mod echo_server {
         }
         /// Wraps an `inner` that is already shared.
         pub fn from_arc(inner: ::std::sync::Arc<T>) -> Self {
-            Self { inner }
+            Self {
+                inner,
+                compression: ::core::option::Option::None,
+            }
         }
         /// The wrapped implementation.
         pub fn get_ref(&self) -> &T {
             &self.inner
+        }
+        /// Sends responses compressed in `encoding` to callers that accept
+        /// it. The service's settings replace the server's.
+        #[must_use]
+        pub fn send_compressed(
+            mut self,
+            encoding: ::rpc_core::codegen::Encoding,
+        ) -> Self {
+            self.compression = ::core::option::Option::Some(
+                self.compression.unwrap_or_default().send_compressed(encoding),
+            );
+            self
+        }
+        /// Accepts requests compressed in `encoding`; once one is named,
+        /// only those named (a request in another fails `Unimplemented`).
+        #[must_use]
+        pub fn accept_compressed(
+            mut self,
+            encoding: ::rpc_core::codegen::Encoding,
+        ) -> Self {
+            self.compression = ::core::option::Option::Some(
+                self.compression.unwrap_or_default().accept_compressed(encoding),
+            );
+            self
+        }
+        /// Accepts requests compressed in exactly the encodings of `set`.
+        #[must_use]
+        pub fn accept_encodings(
+            mut self,
+            set: ::rpc_core::codegen::EncodingSet,
+        ) -> Self {
+            self.compression = ::core::option::Option::Some(
+                self.compression.unwrap_or_default().accept_encodings(set),
+            );
+            self
         }
     }
     impl<T: Echo> ::core::clone::Clone for EchoServer<T> {
         fn clone(&self) -> Self {
             Self {
                 inner: ::std::sync::Arc::clone(&self.inner),
+                compression: self.compression,
             }
         }
     }
@@ -184,6 +252,11 @@ pub mod echo_server {
         }
         fn file_descriptor_set(&self) -> &'static [u8] {
             super::FILE_DESCRIPTOR_SET
+        }
+        fn compression(
+            &self,
+        ) -> ::core::option::Option<::rpc_core::codegen::CompressionConfig> {
+            self.compression
         }
         fn call(&self, call: ::rpc_core::codegen::ServerCall) {
             match call.method_id() {

@@ -35,6 +35,7 @@ pub struct ChannelBuilder {
     /// The service to health-check endpoints for, if any.
     health: Option<String>,
     health_interval: Duration,
+    compression: crate::CompressionConfig,
 }
 
 impl fmt::Debug for ChannelBuilder {
@@ -77,7 +78,30 @@ impl ChannelBuilder {
             resolve_interval: endpoints::DEFAULT_RESOLVE_INTERVAL,
             health: None,
             health_interval: endpoints::DEFAULT_HEALTH_INTERVAL,
+            compression: crate::CompressionConfig::default(),
         }
+    }
+
+    /// Every call of the channel sends its requests (and stream messages)
+    /// compressed in `encoding` (default: as they are). A server that does
+    /// not accept it answers `Unimplemented`.
+    pub fn send_compressed(mut self, encoding: crate::Encoding) -> Self {
+        self.compression = self.compression.send_compressed(encoding);
+        self
+    }
+
+    /// Accepts responses compressed in `encoding`. Every encoding this
+    /// build knows is accepted by default; once one is named here, only
+    /// those named are, and servers send their other responses as they are.
+    pub fn accept_compressed(mut self, encoding: crate::Encoding) -> Self {
+        self.compression = self.compression.accept_compressed(encoding);
+        self
+    }
+
+    /// Accepts responses compressed in exactly the encodings of `set`.
+    pub fn accept_encodings(mut self, set: crate::EncodingSet) -> Self {
+        self.compression = self.compression.accept_encodings(set);
+        self
     }
 
     /// Default timeout of every call (none by default); [`Request::set_timeout`] overrides it.
@@ -369,6 +393,7 @@ impl ChannelBuilder {
                 ready: Ready::default(),
                 draining: Mutex::default(),
             }),
+            compression: self.compression,
         })
     }
 }

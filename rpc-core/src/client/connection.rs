@@ -9,6 +9,7 @@ use super::runtime::verbs_runtime;
 use super::runtime::{ClientRuntime, soft_runtime};
 use super::stream_limit::{StreamLimit, StreamPermit};
 use crate::auth::Credential;
+use crate::compression::CompressionConfig;
 use crate::descriptor::{MethodDescriptor, MethodKind};
 use crate::dispatch::{Config, Conn, Endpoint, OutFrame, least_loaded};
 use crate::fabric::soft::SoftFabric;
@@ -178,12 +179,14 @@ impl Connection {
     }
 
     /// Sends a unary request of `payload_len` bytes that `fill` encodes.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         self: &Arc<Self>,
         method_id: u32,
         metadata: &Metadata,
         fail_fast: bool,
         timeout: Option<Duration>,
+        flags: u16,
         payload_len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<Sent, Status> {
@@ -192,7 +195,7 @@ impl Connection {
         // tcp://, a doorbell and packets on rdma://), while two batches in
         // flight keep both ends working at once. A lone call leaves at once.
         let batch = self.outstanding.load(Ordering::Relaxed).div_ceil(2);
-        let started = with_client!(&self.client, c => c.start(method_id, metadata, fail_fast, timeout, batch, payload_len, fill))?;
+        let started = with_client!(&self.client, c => c.start(method_id, metadata, fail_fast, timeout, batch, flags, payload_len, fill))?;
         self.outstanding.fetch_add(1, Ordering::Relaxed);
         Ok(started)
     }
@@ -267,6 +270,7 @@ impl Connection {
 
     /// Opens a stream on this connection, in the place `permit` holds
     /// under its server's stream limit (see [`Client::start_stream`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start_stream<Req: prost::Message>(
         &self,
         method: &MethodDescriptor,
@@ -275,9 +279,10 @@ impl Connection {
         first: Option<&Req>,
         final_message: bool,
         permit: StreamPermit,
+        compression: &CompressionConfig,
     ) -> Result<(CallId, Arc<StreamCore>), Status> {
         with_client!(&self.client, c => {
-            c.start_stream(method, metadata, timeout, first, final_message, permit)
+            c.start_stream(method, metadata, timeout, first, final_message, permit, compression)
         })
     }
 
@@ -389,6 +394,7 @@ impl<F: Fabric> Client<F> {
         fail_fast: bool,
         timeout: Option<Duration>,
         batch: usize,
+        flags: u16,
         payload_len: usize,
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> Result<Sent, Status> {
@@ -397,7 +403,7 @@ impl<F: Fabric> Client<F> {
         let (id, at) = self.register(Waiter::Unary(slot.clone()), timeout);
         let frame = OutFrame {
             kind: FrameKind::Request,
-            flags: 0,
+            flags,
             call_id: id,
             method_id,
             status: 0,
@@ -419,6 +425,7 @@ impl<F: Fabric> Client<F> {
 
     /// Opens a stream: registers the call and sends its `Request` frame,
     /// with `first` as the request message of a server-streaming call.
+    #[allow(clippy::too_many_arguments)]
     fn start_stream<Req: prost::Message>(
         &self,
         method: &MethodDescriptor,
@@ -427,6 +434,7 @@ impl<F: Fabric> Client<F> {
         first: Option<&Req>,
         final_message: bool,
         permit: StreamPermit,
+        compression: &CompressionConfig,
     ) -> Result<(CallId, Arc<StreamCore>), Status> {
         self.ensure_alive()?;
         // Only a client-streaming call's responses are not a stream.
@@ -437,24 +445,31 @@ impl<F: Fabric> Client<F> {
             _permit: permit,
         };
         let (id, _) = self.register(waiter, timeout);
+        let packed = first.and_then(|m| compression.pack(m));
         let frame = OutFrame {
             kind: FrameKind::Request,
             // The call's kind as this call is made (its descriptor could
             // say otherwise, if hand-built): requests streamed unless the
             // one request comes now, responses unless one answer ends it.
-            flags: Header::kind_flags(MethodKind::of(first.is_none(), !final_message)),
+            flags: Header::kind_flags(MethodKind::of(first.is_none(), !final_message))
+                | compression.request_flags(first.is_some()),
             call_id: id,
             method_id: method.id,
             status: 0,
             timeout_us: crate::protocol::timeout_field(timeout),
             metadata: Some(metadata),
-            payload_len: first.map_or(0, |m| m.encoded_len()),
+            payload_len: match &packed {
+                Some(packed) => packed.len(),
+                None => first.map_or(0, |m| m.encoded_len()),
+            },
         };
-        let sent = self.conn.send(&frame, false, &mut |buf| {
-            if let Some(m) = first {
-                crate::dispatch::encode_exact(m, buf)
-            }
-        });
+        let sent = self
+            .conn
+            .send(&frame, false, &mut |buf| match (&packed, first) {
+                (Some(packed), _) => buf.copy_from_slice(packed),
+                (None, Some(m)) => crate::dispatch::encode_exact(m, buf),
+                (None, None) => {}
+            });
         if let Err(e) = sent {
             // Its place on the connection goes outside the table's lock.
             let call = self.ep.role.calls().remove(id);

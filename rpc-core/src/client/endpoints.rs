@@ -404,6 +404,7 @@ impl Handle {
                 ready: Default::default(),
                 draining: Mutex::default(),
             }),
+            compression: crate::CompressionConfig::default(),
         }
     }
 }

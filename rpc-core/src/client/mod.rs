@@ -17,6 +17,7 @@ pub use reconnect::Backoff;
 pub use targets::Balance;
 pub use unary::UnaryCall;
 
+use crate::compression::{CompressionConfig, Encoding, EncodingSet};
 use crate::descriptor::MethodDescriptor;
 use crate::interceptor::Chain;
 use crate::streaming::{ClientStreamingCall, RequestSender, Streaming};
@@ -68,6 +69,9 @@ use targets::Target;
 #[derive(Clone)]
 pub struct Channel {
     inner: Arc<Handle>,
+    /// What this handle's calls send compressed and accept (clones made
+    /// by [`Channel::send_compressed`] and the like differ).
+    compression: CompressionConfig,
 }
 
 /// What every clone of a channel shares. How it picks a connection for a
@@ -119,6 +123,37 @@ impl Channel {
     /// [`ChannelBuilder::connect_async`]).
     pub fn connect_async(url: &str) -> crate::Blocking<Result<Channel, Status>> {
         Channel::builder(url).connect_async()
+    }
+
+    /// This channel, its calls sending their requests (and stream
+    /// messages) compressed in `encoding`. A server that does not accept
+    /// it answers `Unimplemented`. Clones share the connections, not this
+    /// setting; [`ChannelBuilder::send_compressed`] sets it for every
+    /// handle of a new channel.
+    pub fn send_compressed(mut self, encoding: Encoding) -> Channel {
+        self.compression = self.compression.send_compressed(encoding);
+        self
+    }
+
+    /// This channel, its calls accepting responses compressed in
+    /// `encoding`: every encoding is accepted by default; once one is
+    /// named, only those named are, and the server sends the others' as
+    /// they are.
+    pub fn accept_compressed(mut self, encoding: Encoding) -> Channel {
+        self.compression = self.compression.accept_compressed(encoding);
+        self
+    }
+
+    /// This channel, its calls accepting responses compressed in exactly
+    /// the encodings of `set`.
+    pub fn accept_encodings(mut self, set: EncodingSet) -> Channel {
+        self.compression = self.compression.accept_encodings(set);
+        self
+    }
+
+    /// What this handle's calls send compressed and accept.
+    pub fn compression(&self) -> CompressionConfig {
+        self.compression
     }
 
     /// A builder for a channel to `url`.
@@ -274,7 +309,7 @@ impl Channel {
             false,
             wait,
         );
-        Self::incoming(opened, |_| None)
+        Self::incoming(opened, self.outbox_compression(), |_| None)
     }
 
     /// Starts a bidirectional call whose requests come from a stream;

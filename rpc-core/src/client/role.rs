@@ -2,6 +2,7 @@
 //! its table of calls in flight, and the frames that complete them.
 
 use super::stream_limit::StreamPermit;
+use crate::compression::{Encoding, EncodingSet};
 use crate::dispatch::{Conn, Endpoint, Frame, Role};
 use crate::fabric::Fabric;
 use crate::protocol::header::Header;
@@ -162,7 +163,7 @@ impl<F: Fabric> Role<F> for ClientRole {
                      on the server (is the client's .proto the server's?)",
                 ))
             } else {
-                unary_outcome(frame)
+                unary_outcome(frame, crate::dispatch::Link::max_message(&**conn))
             };
             if let Some(Call {
                 waiter: Waiter::Unary(slot),
@@ -202,7 +203,7 @@ impl<F: Fabric> Role<F> for ClientRole {
                 true,
             ),
             FrameKind::Response => {
-                let last = final_message.then_some(frame.payload);
+                let last = final_message.then_some((frame.payload, h.flags));
                 core.on_end(Ok(()), last, frame.metadata, true)
             }
             _ => {
@@ -290,14 +291,30 @@ pub(super) fn send_cancel<F: Fabric>(conn: &Conn<F>, id: CallId) {
     let _ = send_control(conn, FrameKind::Cancel, id, 0);
 }
 
-/// What a unary call's `Response` or `Error` frame tells its caller.
-fn unary_outcome(frame: Frame) -> Result<RawReply, Status> {
+/// What a unary call's `Response` or `Error` frame tells its caller: a
+/// compressed response inflated (at most `limit` bytes; the client accepts
+/// every encoding it knows, as its requests said unless narrowed, and a
+/// server sends no other).
+fn unary_outcome(frame: Frame, limit: usize) -> Result<RawReply, Status> {
     match frame.header.kind {
         FrameKind::Response => match frame.metadata {
-            Some(metadata) => Ok(RawReply {
-                metadata,
-                payload: frame.payload,
-            }),
+            Some(metadata) => {
+                let flags = frame.header.flags;
+                let unpacked =
+                    crate::compression::unpack(flags, &frame.payload, EncodingSet::all(), limit)?;
+                Ok(match unpacked {
+                    None => RawReply {
+                        metadata,
+                        payload: frame.payload,
+                        encoding: None,
+                    },
+                    Some((inflated, encoding)) => RawReply {
+                        metadata,
+                        payload: inflated.into(),
+                        encoding: Some(encoding),
+                    },
+                })
+            }
             None => Err(Status::internal("server sent malformed response metadata")),
         },
         _ => Err(frame.error_status()),
@@ -309,6 +326,8 @@ fn unary_outcome(frame: Frame) -> Result<RawReply, Status> {
 pub(super) struct RawReply {
     metadata: Metadata,
     payload: crate::payload::Payload,
+    /// The encoding it arrived compressed in.
+    encoding: Option<Encoding>,
 }
 
 /// What a unary call ends with, left in its slot.
@@ -321,12 +340,16 @@ pub(super) fn decode_reply<T: prost::Message + Default>(
     r: Result<RawReply, Status>,
     recycle: impl FnOnce(crate::payload::Payload),
 ) -> Result<Response<T>, Status> {
-    let RawReply { metadata, payload } = r?;
+    let RawReply {
+        metadata,
+        payload,
+        encoding,
+    } = r?;
     let message = payload.decode::<T>(recycle).map_err(|e| {
         Status::internal(format!(
             "response is not a valid {}: {e}",
             std::any::type_name::<T>()
         ))
     })?;
-    Ok(Response::from_parts(metadata, message))
+    Ok(Response::from_parts(metadata, message).with_encoding(encoding))
 }

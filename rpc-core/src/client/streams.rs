@@ -6,9 +6,11 @@ use super::connection::Connection;
 use super::reconnect;
 use super::stream_limit::Waiting;
 use super::{Channel, Handle};
+use crate::compression::{CompressionConfig, CompressionSwitch, EncodingSet};
 use crate::descriptor::MethodDescriptor;
 use crate::observe::{CallObs, TRACEPARENT};
 use crate::protocol::CallId;
+use crate::streaming::Compression;
 use crate::streaming::{
     CallOwner, Opening, Outbox, Pump, RequestPump, RequestSender, StreamCore, StreamParts,
     Streaming,
@@ -46,6 +48,7 @@ struct Deferred {
     /// Whether it waits for a connection to come up, or fails
     /// `Unavailable` without one (it always waits for room on one).
     wait_for_ready: bool,
+    compression: CompressionConfig,
 }
 
 /// What one try to start a waiting stream came to.
@@ -105,7 +108,7 @@ impl Channel {
         let metadata = request.metadata().clone();
         let stream = request.into_inner();
         let opened = self.open_stream::<()>(method, &metadata, timeout, None, final_message, wait);
-        Self::incoming(opened, move |outbox| {
+        Self::incoming(opened, self.outbox_compression(), move |outbox| {
             Some(Box::new(RequestPump::new(stream, outbox)) as Box<dyn Pump>)
         })
     }
@@ -127,9 +130,10 @@ impl Channel {
             final_message,
             wait,
         );
+        let compression = self.outbox_compression();
         let mut opener = match opened {
             Opened::Now(Ok(started)) => {
-                let (parts, outbox) = Self::parts(started);
+                let (parts, outbox) = Self::parts(started, &compression);
                 let stream =
                     Streaming::new(parts.core, parts.link, parts.call_id, parts.owner, None);
                 return (RequestSender::new(outbox), stream);
@@ -144,7 +148,7 @@ impl Channel {
         };
         let opening = Opening::new(Box::new(move |cx| {
             opener(cx).map(|started| {
-                let (mut parts, outbox) = Self::parts(started?);
+                let (mut parts, outbox) = Self::parts(started?, &compression);
                 parts.outbox = Some(outbox);
                 Ok(parts)
             })
@@ -189,6 +193,7 @@ impl Channel {
                 first: first.map(|m| Encoded(m.encode_to_vec())),
                 final_message,
                 wait_for_ready: wait,
+                compression: self.compression,
             };
             Opened::Later(Self::opener(self.inner.clone(), deferred, obs))
         };
@@ -204,7 +209,15 @@ impl Channel {
             }
         };
         let metadata = conn.gateway_metadata(method, &metadata);
-        let started = conn.start_stream(method, &metadata, timeout, first, final_message, permit);
+        let started = conn.start_stream(
+            method,
+            &metadata,
+            timeout,
+            first,
+            final_message,
+            permit,
+            &self.compression,
+        );
         Opened::Now(match started {
             Ok((id, core)) => Ok((id, core, conn, obs)),
             Err(status) => {
@@ -225,6 +238,7 @@ impl Channel {
             first,
             final_message,
             wait_for_ready,
+            compression,
         } = deferred;
         let mut obs = Some(obs);
         let ready = handle.clone();
@@ -298,6 +312,7 @@ impl Channel {
                     first.as_ref(),
                     final_message,
                     permit,
+                    &compression,
                 )
             };
             Attempt::Done(match started {
@@ -358,6 +373,7 @@ impl Channel {
     /// side from the stream's outbox.
     pub(super) fn incoming<Resp>(
         opened: Opened,
+        compression: Compression,
         pump: impl FnOnce(Outbox) -> Option<Box<dyn Pump>> + Send + 'static,
     ) -> Streaming<Resp> {
         let started = match opened {
@@ -367,23 +383,36 @@ impl Channel {
                 let mut pump = Some(pump);
                 return Streaming::waiting(Opening::new(Box::new(move |cx| {
                     opener(cx).map(|started| {
-                        let (mut parts, outbox) = Self::parts(started?);
+                        let (mut parts, outbox) = Self::parts(started?, &compression);
                         parts.pump = pump.take().and_then(|p| p(outbox));
                         Ok(parts)
                     })
                 })));
             }
         };
-        let (parts, outbox) = Self::parts(started);
+        let (parts, outbox) = Self::parts(started, &compression);
         let pump = pump(outbox);
         Streaming::new(parts.core, parts.link, parts.call_id, parts.owner, pump)
     }
 
+    /// How a stream's requests leave: in the encoding this handle sends
+    /// (to a server that answers `Unimplemented` if it does not take it).
+    pub(super) fn outbox_compression(&self) -> Compression {
+        Compression {
+            switch: self
+                .compression
+                .send()
+                .map(|e| CompressionSwitch::new(Some(e))),
+            peer_accepts: EncodingSet::all(),
+        }
+    }
+
     /// What a started stream's handles hold, and its request outbox.
-    fn parts(started: StreamStarted) -> (StreamParts, Outbox) {
+    fn parts(started: StreamStarted, compression: &Compression) -> (StreamParts, Outbox) {
         let (id, core, conn, obs) = started;
         let link = conn.link();
-        let outbox = Outbox::new(core.clone(), link.clone(), id, 0, None);
+        let outbox =
+            Outbox::new(core.clone(), link.clone(), id, 0, None).compress(compression.clone());
         conn.outstanding.fetch_add(1, Ordering::Relaxed);
         let owner: Arc<dyn CallOwner> = Arc::new(StreamOwner {
             conn,

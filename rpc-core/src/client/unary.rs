@@ -71,6 +71,9 @@ struct Pending {
     method: &'static MethodDescriptor,
     metadata: Metadata,
     payload: Vec<u8>,
+    /// The request frame's compression flags (the payload is compressed
+    /// already if they say so).
+    flags: u16,
     fail_fast: bool,
     deadline: Option<Instant>,
 }
@@ -98,6 +101,7 @@ impl Pending {
             &metadata,
             self.fail_fast,
             timeout,
+            self.flags,
             self.payload.len(),
             &mut |buf| buf.copy_from_slice(&self.payload),
         );
@@ -130,11 +134,16 @@ impl<T> UnaryCall<T> {
                 if !channel.waits_for_ready(&request) {
                     return UnaryCall::failed(status).observed_by(obs);
                 }
+                let message = request.get_ref();
                 return UnaryCall::waiting(Pending {
                     handle: channel.inner.clone(),
                     method,
                     metadata: request.metadata().clone(),
-                    payload: request.get_ref().encode_to_vec(),
+                    payload: channel
+                        .compression
+                        .pack(message)
+                        .unwrap_or_else(|| message.encode_to_vec()),
+                    flags: channel.compression.request_flags(true),
                     fail_fast: request.fail_fast(),
                     deadline: timeout.and_then(crate::deadline_after),
                 })
@@ -143,14 +152,27 @@ impl<T> UnaryCall<T> {
         };
         let message = request.get_ref();
         let metadata = conn.gateway_metadata(method, request.metadata());
-        let started = conn.start(
-            method.id,
-            &metadata,
-            request.fail_fast(),
-            timeout,
-            message.encoded_len(),
-            &mut |buf| crate::dispatch::encode_exact(message, buf),
-        );
+        let flags = channel.compression.request_flags(true);
+        let started = match channel.compression.pack(message) {
+            None => conn.start(
+                method.id,
+                &metadata,
+                request.fail_fast(),
+                timeout,
+                flags,
+                message.encoded_len(),
+                &mut |buf| crate::dispatch::encode_exact(message, buf),
+            ),
+            Some(packed) => conn.start(
+                method.id,
+                &metadata,
+                request.fail_fast(),
+                timeout,
+                flags,
+                packed.len(),
+                &mut |buf| buf.copy_from_slice(&packed),
+            ),
+        };
         match started {
             Ok(sent) => UnaryCall::started(conn, sent),
             Err(status) => UnaryCall::failed(status),

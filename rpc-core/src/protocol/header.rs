@@ -11,7 +11,7 @@
 //! | 8 | 8 | call id ([`CallId`]) |
 //! | 16 | 4 | payload length |
 //! | 20 | 2 | metadata length |
-//! | 22 | 2 | flags: [`FLAG_LENT`] on a `Request`, `Response` or `Message` frame; [`FLAG_REQUEST_STREAM`] and [`FLAG_RESPONSE_STREAM`] on a `Request`; the others reserved, 0 |
+//! | 22 | 2 | flags: [`FLAG_LENT`] and the messages' encoding (bits 3-4, [`crate::compression`]) on a `Request`, `Response` or `Message` frame; [`FLAG_REQUEST_STREAM`], [`FLAG_RESPONSE_STREAM`] and the encodings the caller accepts (bits 5-7) on a `Request`; the others reserved, 0 |
 //! | 24 | 4 | timeout in microseconds (0 = none; saturates); in a `Window` frame, the grant; in a `Message` frame, how many messages it carries |
 //! | 28 | 4 | ack: credits the sender returns for the ring it receives into ([`super::credits`]) |
 //!
@@ -61,6 +61,14 @@ pub const FLAG_REQUEST_STREAM: u16 = 2;
 /// Flag on a `Request`: the caller reads a stream of responses (a
 /// server-streaming or bidirectional call).
 pub const FLAG_RESPONSE_STREAM: u16 = 4;
+/// Flags of a `Request`, `Response` or `Message`: the encoding its
+/// messages are compressed in (1 gzip, 2 zstd, 3 deflate; 0 none), as
+/// [`crate::compression::Encoding`] maps them.
+pub const FLAGS_ENCODING: u16 = 0b11 << 3;
+/// Flags of a `Request`: the encodings its caller accepts for the answer,
+/// one bit each (gzip, zstd, deflate), as
+/// [`crate::compression::EncodingSet`] maps them.
+pub const FLAGS_ACCEPT: u16 = 0b111 << 5;
 /// Bytes of a lent payload's descriptor.
 pub const LENT_LEN: usize = 16;
 /// Size of an encoded [`Header`].
@@ -231,8 +239,14 @@ impl Header {
         let kind = FrameKind::from_u8(b[1]).ok_or(HeaderError::Kind(b[1]))?;
         let flags = u16_at(b, 22);
         let allowed = match kind {
-            FrameKind::Request => FLAG_LENT | FLAG_REQUEST_STREAM | FLAG_RESPONSE_STREAM,
-            FrameKind::Response | FrameKind::Message => FLAG_LENT,
+            FrameKind::Request => {
+                FLAG_LENT
+                    | FLAG_REQUEST_STREAM
+                    | FLAG_RESPONSE_STREAM
+                    | FLAGS_ENCODING
+                    | FLAGS_ACCEPT
+            }
+            FrameKind::Response | FrameKind::Message => FLAG_LENT | FLAGS_ENCODING,
             _ => 0,
         };
         if flags & !allowed != 0 {
@@ -452,12 +466,29 @@ mod tests {
         let mut bytes = encoded(&sample());
         bytes[0] = 10;
         bytes[1] = 10;
-        bytes[22] = 10;
+        bytes[23] = 10;
         assert_eq!(Header::decode(&bytes), Err(HeaderError::Version(10)));
         bytes[0] = VERSION;
         assert_eq!(Header::decode(&bytes), Err(HeaderError::Kind(10)));
         bytes[1] = FrameKind::Request as u8;
-        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(10)));
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(0x0a00)));
+        bytes[23] = 0;
+        // An encoding: on the kinds that carry a message; the encodings
+        // accepted: on a request only.
+        let encoding = crate::compression::Encoding::Zstd.flags();
+        let accepts = crate::compression::EncodingSet::all().flags();
+        bytes[22] = (encoding | accepts) as u8;
+        assert!(Header::decode(&bytes).is_ok());
+        bytes[1] = FrameKind::Response as u8;
+        assert_eq!(
+            Header::decode(&bytes),
+            Err(HeaderError::Flags(encoding | accepts))
+        );
+        bytes[22] = encoding as u8;
+        assert!(Header::decode(&bytes).is_ok());
+        bytes[1] = FrameKind::Error as u8;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(encoding)));
+        bytes[1] = FrameKind::Request as u8;
         // Lent: on the kinds that carry a message only.
         bytes[22] = FLAG_LENT as u8;
         assert!(Header::decode(&bytes).is_ok_and(|h| h.is_lent()));
@@ -486,9 +517,11 @@ mod tests {
         bytes[1] = FrameKind::Cancel as u8;
         bytes[22] = FLAG_LENT as u8;
         assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(1)));
+        // Past the encodings accepted (bits 5-7), reserved.
         bytes[1] = FrameKind::Request as u8;
-        bytes[22] = 8;
-        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(8)));
+        bytes[22] = 0;
+        bytes[23] = 1;
+        assert_eq!(Header::decode(&bytes), Err(HeaderError::Flags(0x100)));
     }
 
     #[test]

@@ -49,6 +49,7 @@ impl Server {
             #[cfg(feature = "grpc")]
             grpc: None,
             fallback: None,
+            compression: crate::CompressionConfig::default(),
             #[cfg(feature = "tokio")]
             tokio: None,
         }
@@ -77,6 +78,9 @@ pub struct ServerBuilder {
     /// Takes the calls of methods no service has, whose kind the caller
     /// names in metadata (the gRPC gateway of `grpc://` clients).
     fallback: Option<Arc<dyn Service>>,
+    /// What calls send compressed and accept, but for services with their
+    /// own settings.
+    pub(super) compression: crate::CompressionConfig,
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
 }
@@ -184,6 +188,32 @@ impl ServerBuilder {
     /// sender with `ResourceExhausted`, before anything is allocated here.
     pub fn max_message_size(mut self, bytes: usize) -> Self {
         self.config.max_message = bytes;
+        self
+    }
+
+    /// Sends responses compressed in `encoding` (default: as they are), to
+    /// callers that accept it (others get them as they are). Services may
+    /// have settings of their own (the generated servers' `send_compressed`),
+    /// and a handler may choose per response
+    /// ([`Response::send_compressed`](crate::Response::send_compressed)) or
+    /// per message of a stream ([`crate::CompressionSwitch`]).
+    pub fn send_compressed(mut self, encoding: crate::Encoding) -> Self {
+        self.compression = self.compression.send_compressed(encoding);
+        self
+    }
+
+    /// Accepts requests compressed in `encoding`. Every encoding this build
+    /// knows is accepted by default; once one is named here, only those
+    /// named are, and a request in another fails `Unimplemented`.
+    pub fn accept_compressed(mut self, encoding: crate::Encoding) -> Self {
+        self.compression = self.compression.accept_compressed(encoding);
+        self
+    }
+
+    /// Accepts requests compressed in exactly the encodings of `set`
+    /// ([`crate::EncodingSet::none`]: only uncompressed ones).
+    pub fn accept_encodings(mut self, set: crate::EncodingSet) -> Self {
+        self.compression = self.compression.accept_encodings(set);
         self
     }
 
@@ -453,6 +483,7 @@ impl ServerBuilder {
                     service: svc.clone(),
                     blocking: *blocking || self.blocking_methods.iter().any(|p| p == m.path),
                     kind: m.kind,
+                    compression: svc.compression().unwrap_or(self.compression),
                 };
                 if let Some((other, _)) = routes.insert(m.id, (m.path, route)) {
                     return Err(Status::invalid_argument(format!(
@@ -493,6 +524,7 @@ impl ServerBuilder {
             inflight: Arc::new(AtomicUsize::new(0)),
             max_message: self.config.max_message,
             max_streams: self.max_streams,
+            compression: self.compression,
         });
         let mut endpoints = Vec::with_capacity(self.dispatchers);
         for _ in 0..self.dispatchers {

@@ -6,6 +6,7 @@
 
 use super::registry::Registry;
 use super::task::{poll_handler, run_handler, run_task};
+use crate::compression::{CompressionSwitch, Encoding, EncodingSet};
 use crate::conventions::UNKNOWN_METHOD;
 use crate::dispatch::OutFrame;
 use crate::dispatch::encode_exact;
@@ -47,6 +48,11 @@ pub struct ServerCall {
     pub(super) signal: Option<Arc<Signal>>,
     /// Its span and metrics (calls of a known method).
     pub(super) obs: Option<CallObs>,
+    /// The request frame's flags: its message's encoding and those the
+    /// caller accepts ([`crate::compression`]).
+    pub(super) flags: u16,
+    /// What the call sends compressed and accepts: its service's settings.
+    pub(super) compression: crate::CompressionConfig,
 }
 
 impl fmt::Debug for ServerCall {
@@ -151,20 +157,46 @@ impl ServerCall {
         if self.answer_if_expired() {
             return None;
         }
-        let payload = std::mem::take(&mut self.payload);
+        let mut payload = std::mem::take(&mut self.payload);
+        let mut encoding = None;
+        if crate::compression::Encoding::from_flags(self.flags).is_some() {
+            let limit = self.sink.as_ref().map_or(0, |s| s.max_message());
+            match crate::compression::unpack(
+                self.flags,
+                &payload,
+                self.compression.accepts(),
+                limit,
+            ) {
+                Ok(Some((inflated, e))) => {
+                    if let Some(sink) = &self.sink {
+                        sink.recycle(payload);
+                    }
+                    payload = inflated.into();
+                    encoding = Some(e);
+                }
+                Ok(None) => {}
+                Err(status) => {
+                    self.answer_err(&status);
+                    return None;
+                }
+            }
+        }
         let decoded = payload.decode::<Req>(|p| {
             if let Some(sink) = &self.sink {
                 sink.recycle(p);
             }
         });
         match decoded {
-            Ok(message) => Some(Request::from_wire(
-                message,
-                std::mem::take(&mut self.metadata),
-                self.deadline,
-                self.cancel_signal(),
-                self.sink.as_ref().and_then(|s| s.remote()),
-            )),
+            Ok(message) => Some(
+                Request::from_wire(
+                    message,
+                    std::mem::take(&mut self.metadata),
+                    self.deadline,
+                    self.cancel_signal(),
+                    self.sink.as_ref().and_then(|s| s.remote()),
+                )
+                .with_encoding(encoding),
+            ),
             Err(e) => {
                 let what = std::any::type_name::<Req>();
                 self.answer_err(&Status::invalid_argument(format!(
@@ -302,7 +334,9 @@ impl ServerCall {
         sink.recycle(std::mem::take(&mut self.payload));
         let signal = core.signal.clone();
         let remote = sink.remote();
-        let stream = Streaming::new(core, sink, self.call_id, None, None).of_requests();
+        let stream = Streaming::new(core, sink, self.call_id, None, None)
+            .of_requests()
+            .accepting(self.compression.accepts());
         Some(Request::from_wire(
             stream,
             std::mem::take(&mut self.metadata),
@@ -376,8 +410,19 @@ impl ServerCall {
         };
         let mut response = response;
         let trailers = response.take_trailers();
+        let compression = crate::streaming::Compression {
+            switch: match response.compression_switch() {
+                Some(switch) => Some(switch.clone()),
+                None => self
+                    .compression
+                    .send()
+                    .map(|e| CompressionSwitch::new(Some(e))),
+            },
+            peer_accepts: EncodingSet::from_flags(self.flags),
+        };
         let (metadata, stream) = response.into_parts();
-        let mut outbox = Outbox::new(core, sink, self.call_id, self.method_id, Some(metadata));
+        let mut outbox = Outbox::new(core, sink, self.call_id, self.method_id, Some(metadata))
+            .compress(compression);
         let mut stream = std::pin::pin!(stream);
         let mut producer = Producer::<Resp>::new();
         let end = std::future::poll_fn(|cx| {
@@ -461,21 +506,29 @@ impl ServerCall {
         }
         let mut response = response;
         let trailers = response.take_trailers();
+        let encoding = self.send_encoding(response.compression_switch());
         let (mut metadata, message) = response.into_parts();
         if let Some(t) = trailers {
             t.merge_into(&mut metadata);
         }
+        let packed = encoding.map(|e| e.compress(&message.encode_to_vec()));
         let frame = OutFrame {
             kind: FrameKind::Response,
-            flags: 0,
+            flags: encoding.map_or(0, Encoding::flags),
             call_id: self.call_id,
             method_id: self.method_id,
             status: 0,
             timeout_us: 0,
             metadata: Some(&metadata),
-            payload_len: message.encoded_len(),
+            payload_len: packed
+                .as_ref()
+                .map_or_else(|| message.encoded_len(), Vec::len),
         };
-        if let Err(e) = sink.send(&frame, false, &mut |buf| encode_exact(&message, buf)) {
+        let sent = sink.send(&frame, false, &mut |buf| match &packed {
+            Some(packed) => buf.copy_from_slice(packed),
+            None => encode_exact(&message, buf),
+        });
+        if let Err(e) = sent {
             // Too large for the client, or the connection is gone: say so if we still can.
             let status = match e {
                 SendError::TooLarge { len, max } => Status::resource_exhausted(format!(
@@ -490,6 +543,19 @@ impl ServerCall {
             self.sink = Some(sink);
             self.reply_err(&status);
         }
+    }
+
+    /// The encoding a message of this call leaves in: the response's
+    /// switch if it has one, else the service's setting; if the caller
+    /// accepts it.
+    pub(super) fn send_encoding(&self, switch: Option<&CompressionSwitch>) -> Option<Encoding> {
+        let wanted = match switch {
+            Some(switch) => switch.get(),
+            None => self.compression.send(),
+        }?;
+        EncodingSet::from_flags(self.flags)
+            .contains(wanted)
+            .then_some(wanted)
     }
 
     pub(super) fn reply_err(mut self, status: &Status) {

@@ -92,6 +92,7 @@ impl FakePeer {
             inflight: Arc::new(AtomicUsize::new(0)),
             max_message: config.max_message,
             max_streams: builder.max_streams,
+            compression: builder.compression,
         });
         let role = ServerRole {
             shared: shared.clone(),

@@ -49,4 +49,11 @@ pub trait Service: Send + Sync + 'static {
     /// health service sends each watcher `NotServing` and ends its stream.
     /// The default does nothing.
     fn shutting_down(&self) {}
+    /// The service's own compression settings, over the server's
+    /// (`ServerBuilder::send_compressed` and the like): generated servers
+    /// return those their `send_compressed`, `accept_compressed` and
+    /// `accept_encodings` set. The default, `None`, keeps the server's.
+    fn compression(&self) -> Option<crate::CompressionConfig> {
+        None
+    }
 }

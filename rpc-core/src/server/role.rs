@@ -67,6 +67,7 @@ impl<F: Fabric> Role<F> for ServerRole {
                 sink,
                 remote: &conn.remote,
                 kind: Some(h.call_kind()),
+                flags: h.flags,
             },
         );
     }

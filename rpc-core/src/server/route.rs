@@ -13,6 +13,8 @@ pub(super) struct Route {
     /// On the blocking pool, not the dispatcher.
     pub(super) blocking: bool,
     pub(super) kind: MethodKind,
+    /// The service's compression settings, or else the server's.
+    pub(super) compression: crate::CompressionConfig,
 }
 
 /// How a status names a method's `kind`.

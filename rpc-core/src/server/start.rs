@@ -37,6 +37,9 @@ pub(crate) struct ServerShared {
     /// The largest message the server accepts (the gRPC face's limit).
     #[cfg_attr(not(feature = "grpc"), allow(dead_code))]
     pub(super) max_message: usize,
+    /// What the server's calls send compressed and accept (services may
+    /// have their own: [`Route::compression`]).
+    pub(super) compression: crate::CompressionConfig,
     /// Streams served at once per connection (see
     /// [`ServerBuilder::max_concurrent_streams`](super::ServerBuilder::max_concurrent_streams)).
     pub(super) max_streams: u32,
@@ -61,6 +64,9 @@ pub(crate) struct NewCall<'a> {
     /// `Request` frames do; gRPC's do not): a call of another kind than
     /// the method's is refused.
     pub(crate) kind: Option<MethodKind>,
+    /// The request frame's flags: the encoding its message is compressed
+    /// in and those the caller accepts ([`crate::compression`]).
+    pub(crate) flags: u16,
 }
 
 impl ServerShared {
@@ -83,6 +89,7 @@ impl ServerShared {
             sink,
             remote,
             kind,
+            flags,
         } = incoming;
         self.inflight.fetch_add(1, Ordering::AcqRel);
         let deadline =
@@ -102,6 +109,8 @@ impl ServerShared {
             core: None,
             signal: None,
             obs: None,
+            flags,
+            compression: self.compression,
         };
         let Some(metadata) = metadata else {
             return call.reply_err(&Status::invalid_argument("request metadata is malformed"));
@@ -120,12 +129,14 @@ impl ServerShared {
                         service: service.clone(),
                         blocking: false,
                         kind,
+                        compression: self.compression,
                     };
                     &fallback
                 }
                 _ => return call.unimplemented(),
             },
         };
+        call.compression = route.compression;
         let obs = CallObs::server(route.path, remote, &call.metadata);
         let span = obs.span().clone();
         let _in = span.enter();

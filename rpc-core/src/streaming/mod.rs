@@ -28,11 +28,12 @@ mod state;
 pub(crate) use crate::cancel::Signal;
 pub(crate) use crate::dispatch::{Link, send_control};
 pub(crate) use opening::{CallOwner, Opening, StreamParts};
-pub(crate) use outbox::Outbox;
+pub(crate) use outbox::{Compression, Outbox};
 pub(crate) use producer::{Producer, Pump, RequestPump, StreamEnd};
 pub use sender::{IntoStreamingRequest, RequestSender};
 pub(crate) use state::StreamCore;
 
+use crate::compression::{Encoding, EncodingSet};
 use crate::protocol::stream::Records;
 use crate::protocol::{CallId, FrameKind};
 use crate::{Metadata, Response, Status};
@@ -80,8 +81,15 @@ pub struct Streaming<T> {
     owner: Option<Arc<dyn CallOwner>>,
     /// The request stream of a bidirectional call, driven while this is polled.
     pump: Option<Box<dyn Pump>>,
-    /// The frame being read: its bytes, and the messages not yet taken.
-    batch: Option<(Bytes, Records)>,
+    /// The frame being read: its bytes, and the messages not yet taken,
+    /// and its header's flags (their encoding).
+    batch: Option<(Bytes, Records, u16)>,
+    /// The encodings accepted from the peer (a server's, its service's).
+    accept: EncodingSet,
+    /// The encoding the message last returned arrived compressed in.
+    last_encoding: Option<Encoding>,
+    /// [`Streaming::cancel`] was called: the next read says so.
+    cancelled: bool,
     /// The stream ended (cleanly or with its error).
     finished: bool,
     /// A server's request stream: its peer sends no initial metadata
@@ -115,6 +123,9 @@ impl<T> Streaming<T> {
             owner,
             pump,
             batch: None,
+            accept: EncodingSet::all(),
+            last_encoding: None,
+            cancelled: false,
             finished: false,
             requests: false,
             _t: PhantomData,
@@ -125,6 +136,58 @@ impl<T> Streaming<T> {
     pub(crate) fn of_requests(mut self) -> Streaming<T> {
         self.requests = true;
         self
+    }
+
+    /// Accepts messages compressed in the encodings of `set` only (a
+    /// message in another fails the stream `Unimplemented`).
+    pub(crate) fn accepting(mut self, set: EncodingSet) -> Streaming<T> {
+        self.accept = set;
+        self
+    }
+
+    /// Cancels the call (a client's): the server's handler sees it
+    /// cancelled, messages not yet read are dropped, and the next read
+    /// returns `Cancelled`, then the end. Dropping the stream cancels it
+    /// too, without that last answer. Nothing happens to a stream that
+    /// already ended.
+    pub fn cancel(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.batch = None;
+        self.pump = None;
+        if let Some(owner) = self.owner.take() {
+            owner.release(self.call_id);
+        }
+        self.cancelled = true;
+    }
+
+    /// The encoding the message last returned arrived compressed in; `None`
+    /// if it came as it is.
+    pub fn message_encoding(&self) -> Option<Encoding> {
+        self.last_encoding
+    }
+
+    /// `message`, from a frame whose header had `flags`, inflated if it was
+    /// compressed; an error ends the stream.
+    fn inflate(&mut self, message: Bytes, flags: u16) -> Result<Bytes, Status> {
+        if Encoding::from_flags(flags).is_none() {
+            self.last_encoding = None;
+            return Ok(message);
+        }
+        let limit = self.link.max_message();
+        match crate::compression::unpack(flags, &message, self.accept, limit) {
+            Ok(Some((inflated, encoding))) => {
+                self.last_encoding = Some(encoding);
+                Ok(inflated.into())
+            }
+            Ok(None) => Ok(message),
+            Err(status) => {
+                self.batch = None;
+                self.finish();
+                Err(status)
+            }
+        }
     }
 
     /// A stream that starts when `opening` has (see [`Opening`]).
@@ -278,26 +341,33 @@ impl<T> Streaming<T> {
     }
 
     /// The next message of the frame being read, if any is left.
-    fn next_in_batch(&mut self) -> Option<Bytes> {
+    fn next_in_batch(&mut self) -> Option<Result<Bytes, Status>> {
         if self.batch.is_some() && self.core.dropped.load(Ordering::Acquire) {
             self.batch = None;
         }
-        let (data, records) = self.batch.as_mut()?;
+        let (data, records, flags) = self.batch.as_mut()?;
+        let flags = *flags;
         // Checked when it arrived: every announced message is there.
         let message = records.next_range(data).map(|r| data.slice(r));
         if records.left() == 0 || message.is_none() {
             self.batch = None;
         }
-        message
+        message.map(|m| self.inflate(m, flags))
     }
 
     /// Polls for the next raw message, driving the request pump first.
     pub(crate) fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
+        if std::mem::take(&mut self.cancelled) {
+            self.finish();
+            return Poll::Ready(Some(Err(Status::cancelled(
+                "the caller cancelled the call",
+            ))));
+        }
         if self.poll_opened(cx).is_pending() {
             return Poll::Pending;
         }
         if let Some(message) = self.next_in_batch() {
-            return Poll::Ready(Some(Ok(message)));
+            return Poll::Ready(Some(message));
         }
         if self.finished {
             return Poll::Ready(None);
@@ -306,18 +376,23 @@ impl<T> Streaming<T> {
         let mut polled_queue = false;
         loop {
             match self.core.poll_recv(cx) {
-                Poll::Ready(Some(Ok(Received { data, count, grant }))) => {
+                Poll::Ready(Some(Ok(Received {
+                    data,
+                    count,
+                    grant,
+                    flags,
+                }))) => {
                     if let Some(grant) = grant {
                         // A failed grant means the call is over; its
                         // status arrives through the core.
                         let _ = send_control(&*self.link, FrameKind::Window, self.call_id, grant);
                     }
                     if count == 1 {
-                        return Poll::Ready(Some(Ok(data.into_bytes())));
+                        return Poll::Ready(Some(self.inflate(data.into_bytes(), flags)));
                     }
-                    self.batch = Some((data.into_bytes(), Records::new(count)));
+                    self.batch = Some((data.into_bytes(), Records::new(count), flags));
                     if let Some(message) = self.next_in_batch() {
-                        return Poll::Ready(Some(Ok(message)));
+                        return Poll::Ready(Some(message));
                     }
                 }
                 Poll::Ready(Some(Err(status))) => {
@@ -367,7 +442,7 @@ impl<T: prost::Message + Default> Streaming<T> {
     pub fn blocking_message(&mut self) -> Result<Option<T>, Status> {
         // The rest of a batch needs no waiting.
         if let Some(message) = self.next_in_batch() {
-            return self.decode(message).map(Some);
+            return self.decode(message?).map(Some);
         }
         crate::dispatch::warn_if_on_a_dispatcher("Streaming::blocking_message");
         crate::executor::wait_on(self.message())
@@ -471,6 +546,14 @@ impl<T> ClientStreamingCall<T> {
             stream,
             response: None,
         }
+    }
+}
+
+impl<T> ClientStreamingCall<T> {
+    /// Cancels the call: awaiting it then returns `Cancelled` (see
+    /// [`Streaming::cancel`]).
+    pub fn cancel(&mut self) {
+        self.stream.cancel();
     }
 }
 

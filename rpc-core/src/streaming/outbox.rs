@@ -4,6 +4,7 @@
 //! half-closes; and [`NoLink`], the link of a call that never started.
 
 use super::state::StreamCore;
+use crate::compression::{CompressionSwitch, Encoding, EncodingSet};
 use crate::dispatch::{LendBuf, Link, OutFrame, encode_exact, send_control};
 use crate::protocol::stream::{MAX_BATCH, PIPELINED_MAX, RECORD_PREFIX};
 use crate::protocol::{CallId, FrameKind, SendError};
@@ -55,6 +56,31 @@ pub(crate) struct Outbox {
     /// one before is read), then goes with no copy. Nothing is gathered
     /// into `batch` while it waits.
     lent: Option<LendBuf>,
+    /// The encoding of what waits in `batch` or `lent`: a frame's messages
+    /// share one, so a message in another goes in the next frame.
+    pending_encoding: Option<Encoding>,
+    /// How messages leave: compressed or not ([`Outbox::compress`]).
+    compression: Compression,
+}
+
+/// How an outbox's messages leave.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Compression {
+    /// The encoding wanted, read as each message is encoded; `None`: as
+    /// they are.
+    pub(crate) switch: Option<CompressionSwitch>,
+    /// What the peer accepts (the encodings its `Request` named; every
+    /// known one for a server, which answers what it does not take with
+    /// `Unimplemented`).
+    pub(crate) peer_accepts: EncodingSet,
+}
+
+impl Compression {
+    /// The encoding of the message encoded now.
+    fn now(&self) -> Option<Encoding> {
+        let wanted = self.switch.as_ref()?.get()?;
+        self.peer_accepts.contains(wanted).then_some(wanted)
+    }
 }
 
 impl Outbox {
@@ -75,7 +101,26 @@ impl Outbox {
             batch: Vec::new(),
             count: 0,
             lent: None,
+            pending_encoding: None,
+            compression: Compression::default(),
         }
+    }
+
+    /// Sends messages as `compression` says, from the next on.
+    pub(crate) fn compress(mut self, compression: Compression) -> Outbox {
+        self.compression = compression;
+        self
+    }
+
+    /// Changes how the messages from the next on leave (a sender's
+    /// per-message switch).
+    pub(crate) fn set_compression(&mut self, compression: Compression) {
+        self.compression = compression;
+    }
+
+    /// How messages leave now.
+    pub(crate) fn compression(&self) -> &Compression {
+        &self.compression
     }
 
     /// The outbox of a call that did not start: every send fails.
@@ -99,21 +144,35 @@ impl Outbox {
         cx: &mut Context<'_>,
         message: &M,
     ) -> Poll<Result<(), Status>> {
-        let len = message.encoded_len();
+        let encoding = self.compression.now();
+        // Compressed before the window is asked for (a message that must
+        // wait is compressed again when pushed again).
+        let packed = encoding.map(|e| e.compress(&message.encode_to_vec()));
+        let len = packed
+            .as_ref()
+            .map_or_else(|| message.encoded_len(), Vec::len);
         let alone = self.lent.is_some() || len > MAX_BATCH;
-        if alone || (self.count > 0 && self.batch.len() + RECORD_PREFIX + len > MAX_BATCH) {
+        let other_encoding = self.count > 0 && self.pending_encoding != encoding;
+        if alone
+            || other_encoding
+            || (self.count > 0 && self.batch.len() + RECORD_PREFIX + len > MAX_BATCH)
+        {
             match self.poll_send_batch(cx) {
                 Poll::Ready(Ok(())) => {}
                 other => return other,
             }
         }
+        self.pending_encoding = encoding;
         if len > MAX_BATCH {
             // Encoded now, into the buffer it will be lent in, while the
             // message before it is still being read: not in the batch and
             // again into that buffer once the window opens.
             match self.link.lend_buffer(&self.message_frame(1, len)) {
                 Ok(Some(mut buf)) => {
-                    encode_exact(message, buf.bytes());
+                    match &packed {
+                        Some(packed) => buf.bytes().copy_from_slice(packed),
+                        None => encode_exact(message, buf.bytes()),
+                    }
                     self.lent = Some(buf);
                     // It goes alone, so at once if the window allows, not
                     // after the next message is produced and encoded (the
@@ -131,8 +190,13 @@ impl Outbox {
         // A message fits in 32 bits: larger ones fail when sent.
         let prefix = u32::try_from(len).unwrap_or(u32::MAX);
         self.batch.extend_from_slice(&prefix.to_le_bytes());
-        // Cannot fail: room for `encoded_len` bytes was reserved.
-        let _ = message.encode(&mut self.batch);
+        match packed {
+            Some(packed) => self.batch.extend_from_slice(&packed),
+            // Cannot fail: room for `encoded_len` bytes was reserved.
+            None => {
+                let _ = message.encode(&mut self.batch);
+            }
+        }
         self.count += 1;
         Poll::Ready(Ok(()))
     }
@@ -201,9 +265,16 @@ impl Outbox {
             Poll::Ready(Ok(())) => {}
             other => return other,
         }
-        self.poll_frame(cx, 1, message.encoded_len(), &mut |buf| {
-            encode_exact(message, buf)
-        })
+        let encoding = self.compression.now();
+        self.pending_encoding = encoding;
+        match encoding.map(|e| e.compress(&message.encode_to_vec())) {
+            Some(packed) => {
+                self.poll_frame(cx, 1, packed.len(), &mut |buf| buf.copy_from_slice(&packed))
+            }
+            None => self.poll_frame(cx, 1, message.encoded_len(), &mut |buf| {
+                encode_exact(message, buf)
+            }),
+        }
     }
 
     /// Sends a `Message` frame of `count` messages in `payload_len` bytes
@@ -264,7 +335,7 @@ impl Outbox {
     fn message_frame(&self, count: u32, payload_len: usize) -> OutFrame<'_> {
         OutFrame {
             kind: FrameKind::Message,
-            flags: 0,
+            flags: self.pending_encoding.map_or(0, Encoding::flags),
             call_id: self.call_id,
             method_id: self.method_id,
             status: 0,

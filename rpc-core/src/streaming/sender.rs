@@ -3,7 +3,8 @@
 //! allows, and [`IntoStreamingRequest`], which takes a `Stream` of them.
 
 use super::opening::Opening;
-use super::outbox::Outbox;
+use super::outbox::{Compression, Outbox};
+use crate::compression::{CompressionSwitch, Encoding};
 use crate::{Request, Status};
 use futures_core::Stream;
 use std::fmt;
@@ -20,6 +21,9 @@ pub struct RequestSender<T> {
     /// has started.
     opening: Option<Arc<Opening>>,
     closed: bool,
+    /// Set by [`RequestSender::set_compression`]: applied to the outbox
+    /// once the stream has started.
+    encoding: Option<Option<Encoding>>,
     _t: PhantomData<fn(T)>,
 }
 
@@ -38,6 +42,7 @@ impl<T: prost::Message> RequestSender<T> {
             outbox,
             opening: None,
             closed: false,
+            encoding: None,
             _t: PhantomData,
         }
     }
@@ -48,6 +53,7 @@ impl<T: prost::Message> RequestSender<T> {
             outbox: Outbox::closed(),
             opening: Some(opening),
             closed: false,
+            encoding: None,
             _t: PhantomData,
         }
     }
@@ -74,9 +80,23 @@ impl<T: prost::Message> RequestSender<T> {
             return Err(Status::failed_precondition("the request stream is closed"));
         }
         self.opened().await?;
+        if let Some(encoding) = self.encoding.take() {
+            let peer_accepts = self.outbox.compression().peer_accepts;
+            self.outbox.set_compression(Compression {
+                switch: Some(CompressionSwitch::new(encoding)),
+                peer_accepts,
+            });
+        }
         let sent = std::future::poll_fn(|cx| self.outbox.poll_send(cx, &message)).await;
         self.outbox.flush();
         sent
+    }
+
+    /// The messages sent from now on leave compressed in `encoding`
+    /// (`None`: as they are), whatever the channel's setting: one message
+    /// can go uncompressed in a compressed stream, or the other way round.
+    pub fn set_compression(&mut self, encoding: Option<Encoding>) {
+        self.encoding = Some(encoding);
     }
 
     /// Like [`RequestSender::send_async`], blocking the current thread.

@@ -109,6 +109,7 @@ impl StreamCore {
                 data: payload,
                 count,
                 cost: Some(body_len),
+                flags: header.flags,
             });
             st.reader.take()
         };
@@ -125,18 +126,19 @@ impl StreamCore {
     pub(crate) fn on_end(
         &self,
         result: Result<(), Status>,
-        last: Option<crate::payload::Payload>,
+        last: Option<(crate::payload::Payload, u16)>,
         metadata: Option<Metadata>,
         finished: bool,
     ) -> Result<(), StreamError> {
         let (reader, writer) = {
             let mut st = self.state();
             st.inbound.on_close()?;
-            if let Some(message) = last {
+            if let Some((message, flags)) = last {
                 st.inbox.push_back(Entry {
                     data: message,
                     count: 1,
                     cost: None,
+                    flags,
                 });
             }
             if let Some(md) = metadata {
@@ -220,14 +222,25 @@ impl StreamCore {
     /// send back if one is due; `None` at the clean end.
     pub(super) fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Status>>> {
         let mut st = self.state();
-        if let Some(Entry { data, count, cost }) = st.inbox.pop_front() {
+        if let Some(Entry {
+            data,
+            count,
+            cost,
+            flags,
+        }) = st.inbox.pop_front()
+        {
             // A grant is worth sending only while the peer may still send.
             let grant = cost.and_then(|cost| {
                 st.recv
                     .on_consumed(cost)
                     .filter(|_| st.over.is_none() && !st.inbound.is_closed())
             });
-            return Poll::Ready(Some(Ok(Received { data, count, grant })));
+            return Poll::Ready(Some(Ok(Received {
+                data,
+                count,
+                grant,
+                flags,
+            })));
         }
         match &st.end {
             Some(Ok(())) => Poll::Ready(None),
@@ -324,6 +337,8 @@ struct Entry {
     /// outside the window (an empty message inside it is `Some(0)`, which
     /// still costs a header's worth and must be granted back).
     cost: Option<usize>,
+    /// The frame header's flags: its messages' encoding.
+    flags: u16,
 }
 
 /// A frame taken from a stream's inbox.
@@ -331,4 +346,6 @@ pub(super) struct Received {
     pub(super) data: crate::payload::Payload,
     pub(super) count: u32,
     pub(super) grant: Option<u32>,
+    /// The frame header's flags: its messages' encoding.
+    pub(super) flags: u16,
 }

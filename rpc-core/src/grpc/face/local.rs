@@ -89,6 +89,10 @@ impl Local {
                 sink: to_face,
                 remote: &head.remote,
                 kind: None,
+                // tonic's side inflates what arrives and sends messages as
+                // they are: nothing compressed crosses to the handler, and
+                // the handler sends nothing compressed back.
+                flags: 0,
             },
         );
         Started {
@@ -165,7 +169,7 @@ impl LocalLink {
             }
             FrameKind::Window => core.on_grant(h.timeout_us),
             FrameKind::Response => {
-                let last = final_message.then_some(frame.payload);
+                let last = final_message.then_some((frame.payload, h.flags));
                 core.on_end(Ok(()), last, frame.metadata, true)
             }
             FrameKind::Error => {
