@@ -22,7 +22,6 @@
 
 use crate::Status;
 use std::fmt;
-use std::io::{Read, Write};
 
 /// gRPC's header that lists the encodings a side accepts, comma separated.
 pub const ACCEPT_ENCODING: &str = "grpc-accept-encoding";
@@ -42,6 +41,8 @@ pub enum Encoding {
 }
 
 use crate::protocol::header::{FLAGS_ACCEPT as ACCEPT_MASK, FLAGS_ENCODING as FLAGS_MASK};
+
+mod codec;
 
 /// Where an encoding sits in a frame header's flags.
 const FLAGS_SHIFT: u16 = FLAGS_MASK.trailing_zeros() as u16;
@@ -98,40 +99,34 @@ impl Encoding {
         }
     }
 
-    /// `message` compressed.
+    /// `message` compressed. The compressor's state is kept per thread
+    /// and reused: setting one up costs more than compressing a small
+    /// message.
     pub fn compress(self, message: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(message.len() / 2 + 64);
-        // Writing into a `Vec` cannot fail.
         match self {
-            Encoding::Gzip => {
-                let mut w = flate2::write::GzEncoder::new(out, flate2::Compression::new(6));
-                let _ = w.write_all(message);
-                out = w.finish().unwrap_or_default();
-            }
-            Encoding::Deflate => {
-                let mut w = flate2::write::ZlibEncoder::new(out, flate2::Compression::new(6));
-                let _ = w.write_all(message);
-                out = w.finish().unwrap_or_default();
-            }
-            Encoding::Zstd => {
-                let _ = zstd::stream::copy_encode(message, &mut out, 3);
-            }
+            Encoding::Gzip => codec::gzip(message),
+            Encoding::Deflate => codec::zlib(message),
+            Encoding::Zstd => codec::zstd(message),
         }
-        out
     }
 
     /// `message` inflated, at most `limit` bytes of it: `Internal` if it
     /// is not valid in this encoding, `ResourceExhausted` if it inflates
     /// past `limit` (found without holding more than `limit` bytes).
     pub fn decompress(self, message: &[u8], limit: usize) -> Result<Vec<u8>, Status> {
-        match self {
-            Encoding::Gzip => inflate(self, flate2::read::GzDecoder::new(message), limit),
-            Encoding::Deflate => inflate(self, flate2::read::ZlibDecoder::new(message), limit),
-            Encoding::Zstd => match zstd::stream::read::Decoder::with_buffer(message) {
-                Ok(d) => inflate(self, d, limit),
-                Err(e) => Err(corrupt(self, &e)),
-            },
-        }
+        let inflated = match self {
+            Encoding::Gzip => codec::gunzip(message, limit),
+            Encoding::Deflate => codec::unzlib(message, limit),
+            Encoding::Zstd => codec::unzstd(message, limit),
+        };
+        inflated.map_err(|e| match e {
+            codec::Error::TooLarge => Status::resource_exhausted(format!(
+                "a {self}-compressed message inflates past the limit of {limit} bytes"
+            )),
+            codec::Error::Corrupt(why) => Status::internal(format!(
+                "a {self}-compressed message does not decompress: {why}"
+            )),
+        })
     }
 }
 
@@ -145,38 +140,6 @@ impl std::str::FromStr for Encoding {
     type Err = Status;
     fn from_str(s: &str) -> Result<Encoding, Status> {
         Encoding::from_name(s).ok_or_else(|| unsupported(s, EncodingSet::all()))
-    }
-}
-
-fn corrupt(encoding: Encoding, e: &dyn fmt::Display) -> Status {
-    Status::internal(format!(
-        "a {encoding}-compressed message does not decompress: {e}"
-    ))
-}
-
-/// Reads `reader` to its end, holding at most `limit` bytes.
-fn inflate(encoding: Encoding, mut reader: impl Read, limit: usize) -> Result<Vec<u8>, Status> {
-    let mut out: Vec<u8> = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        let n = match reader.read(&mut chunk) {
-            Ok(0) => return Ok(out),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(corrupt(encoding, &e)),
-        };
-        let len = out.len() + n;
-        if len > limit {
-            return Err(Status::resource_exhausted(format!(
-                "a {encoding}-compressed message inflates past the limit of {limit} bytes"
-            )));
-        }
-        if len > out.capacity() {
-            // Doubling, but never past the limit.
-            let want = (out.capacity() * 2).clamp(len, limit.max(len));
-            out.reserve_exact(want - out.len());
-        }
-        out.extend_from_slice(&chunk[..n]);
     }
 }
 
