@@ -31,9 +31,7 @@ fn name(encoding: Option<Encoding>) -> &'static str {
 }
 
 fn wanted(request_metadata: &rpc_core::Metadata) -> Option<Option<Encoding>> {
-    request_metadata
-        .get("x-send")
-        .map(Encoding::from_name)
+    request_metadata.get("x-send").map(Encoding::from_name)
 }
 
 impl Echo for Reports {

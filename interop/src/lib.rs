@@ -11,8 +11,56 @@
 pub mod cases;
 pub mod server;
 
+/// The command line as `(flag, value)` pairs, as gRPC's interop binaries
+/// take it: `--name value` or `--name=value`; `--help` and `-h` alone.
+/// `Err` names a flag without its value.
+pub fn flags(args: impl IntoIterator<Item = String>) -> Result<Vec<(String, String)>, String> {
+    let mut args = args.into_iter();
+    let mut out = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--help" || arg == "-h" {
+            out.push((arg, String::new()));
+            continue;
+        }
+        match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => {
+                out.push((name.to_owned(), value.to_owned()))
+            }
+            _ => match args.next() {
+                Some(value) => out.push((arg, value)),
+                None => return Err(format!("{arg} needs a value")),
+            },
+        }
+    }
+    Ok(out)
+}
+
 /// The generated code of package `grpc.testing`.
 #[allow(missing_docs, clippy::all)]
 pub mod pb {
     rpc_core::include_proto!("grpc.testing");
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn flags_take_both_spellings() {
+        let args = [
+            "--port",
+            "10",
+            "--listen=tcp://a:1",
+            "-h",
+            "--test_case=all",
+        ];
+        let flags = super::flags(args.map(String::from)).unwrap();
+        let want = [
+            ("--port", "10"),
+            ("--listen", "tcp://a:1"),
+            ("-h", ""),
+            ("--test_case", "all"),
+        ];
+        assert_eq!(flags, want.map(|(a, b)| (a.to_owned(), b.to_owned())));
+        let err = super::flags(["--url".to_owned()]).unwrap_err();
+        assert!(err.contains("--url"), "{err}");
+    }
 }

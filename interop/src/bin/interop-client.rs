@@ -28,34 +28,23 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn main() {
     examples::init_logging("warn");
-    let mut args = std::env::args().skip(1);
     let (mut host, mut port, mut url) = (None, None, None);
     let mut test_case = "all".to_owned();
-    while let Some(arg) = args.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .unwrap_or_else(|| fail(USAGE))
-        };
+    let flags =
+        interop::flags(std::env::args().skip(1)).unwrap_or_else(|e| fail(&format!("{e}\n{USAGE}")));
+    for (name, value) in flags {
         match name.as_str() {
-            "--server_host" => host = Some(value()),
-            "--server_port" => port = Some(value()),
-            "--url" => url = Some(value()),
-            "--test_case" => test_case = value(),
+            "--server_host" => host = Some(value),
+            "--server_port" => port = Some(value),
+            "--url" => url = Some(value),
+            "--test_case" => test_case = value,
             "--use_tls" | "--use_test_ca" => {
-                if value() != "false" {
+                if value != "false" {
                     fail(&format!("interop-client: {name} is not supported yet"));
                 }
             }
             // The name TLS would check: nothing to override without TLS.
-            "--server_host_override" => {
-                let _ = value();
-            }
+            "--server_host_override" => {}
             "--help" | "-h" => {
                 println!("{USAGE}");
                 std::process::exit(0);

@@ -22,25 +22,16 @@ SIGINT or SIGTERM.";
 fn main() {
     examples::init_logging("warn");
     let signals = block_termination_signals();
-    let mut args = std::env::args().skip(1);
     let mut port = None;
     let mut urls = Vec::new();
-    while let Some(arg) = args.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .unwrap_or_else(|| fail(USAGE))
-        };
+    let flags =
+        interop::flags(std::env::args().skip(1)).unwrap_or_else(|e| fail(&format!("{e}\n{USAGE}")));
+    for (name, value) in flags {
         match name.as_str() {
-            "--port" => port = Some(value()),
-            "--listen" => urls.push(value()),
+            "--port" => port = Some(value),
+            "--listen" => urls.push(value),
             "--use_tls" => {
-                if value() != "false" {
+                if value != "false" {
                     fail("interop-server: --use_tls is not supported yet");
                 }
             }

@@ -289,7 +289,9 @@ mod tests {
     use std::io::{Read, Write};
 
     fn sample() -> Vec<u8> {
-        (0..50_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect()
+        (0..50_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect()
     }
 
     #[test]
@@ -339,13 +341,19 @@ mod tests {
     fn cut_or_trailing_bytes_are_corrupt() {
         let input = sample();
         for (packed, inflate) in [
-            (gzip(&input), gunzip as fn(&[u8], usize) -> Result<Vec<u8>, Error>),
+            (
+                gzip(&input),
+                gunzip as fn(&[u8], usize) -> Result<Vec<u8>, Error>,
+            ),
             (zlib(&input), unzlib),
             (zstd(&input), unzstd),
         ] {
             for cut in [0, 1, 9, packed.len() / 2, packed.len() - 1] {
                 let got = inflate(&packed[..cut], usize::MAX);
-                assert!(matches!(got, Err(Error::Corrupt(_))), "cut at {cut}: {got:?}");
+                assert!(
+                    matches!(got, Err(Error::Corrupt(_))),
+                    "cut at {cut}: {got:?}"
+                );
             }
             let mut more = packed.clone();
             more.push(0);
