@@ -95,18 +95,35 @@ impl Local {
                 flags: 0,
             },
         );
-        Started {
+        let owner = Arc::new(FaceOwner {
+            local: self.clone(),
             core: core.clone(),
+        });
+        // gRPC leaves a deadline to the server: a caller (tonic's, say)
+        // that set one waits for the status that ends the call by it. A
+        // call still under way then is failed `DeadlineExceeded` and its
+        // handler cancelled, streams included.
+        if let Some(timeout) = head.timeout {
+            let owner = Arc::downgrade(&owner);
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout).await;
+                if let Some(owner) = owner.upgrade() {
+                    owner.end(
+                        call_id,
+                        Status::deadline_exceeded("the call's deadline (grpc-timeout) passed"),
+                    );
+                }
+            });
+        }
+        Started {
+            core,
             link: Arc::new(LocalLink {
                 remote: head.remote,
                 max_message,
                 to: To::Handler(self.clone()),
             }),
             call_id,
-            owner: Arc::new(FaceOwner {
-                local: self.clone(),
-                core,
-            }),
+            owner,
         }
     }
 }
@@ -239,13 +256,14 @@ struct FaceOwner {
     core: Arc<StreamCore>,
 }
 
-impl CallOwner for FaceOwner {
-    fn release(&self, call_id: CallId) {
+impl FaceOwner {
+    /// Ends a call not yet over with `status` (the face's caller sees it)
+    /// and cancels its handler.
+    fn end(&self, call_id: CallId, status: Status) {
         if self.core.end_code().is_some() {
             return;
         }
-        self.core
-            .fail(Status::cancelled("the gRPC caller cancelled the call"));
+        self.core.fail(status);
         let cancel = OutFrame {
             kind: FrameKind::Cancel,
             flags: 0,
@@ -262,6 +280,15 @@ impl CallOwner for FaceOwner {
         if let Err(why) = sent {
             tracing::debug!(%why, "could not cancel a call of the gRPC face");
         }
+    }
+}
+
+impl CallOwner for FaceOwner {
+    fn release(&self, call_id: CallId) {
+        self.end(
+            call_id,
+            Status::cancelled("the gRPC caller cancelled the call"),
+        );
     }
 
     fn progress(&self) -> bool {
