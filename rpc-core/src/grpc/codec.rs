@@ -128,6 +128,11 @@ pub(super) fn from_grpc(status: tonic::Status) -> Status {
     if let (Some(source), tonic::Code::Cancelled | tonic::Code::Unknown) =
         (status.source(), status.code())
     {
+        // tonic's own timer for the call's `grpc-timeout`: the deadline
+        // passed, whichever side noticed first.
+        if source.is::<tonic::TimeoutExpired>() {
+            return Status::deadline_exceeded(format!("gRPC call: {}", status.message()));
+        }
         return Status::unavailable(format!("gRPC server: {}: {source}", status.message()));
     }
     Status::with_details(
