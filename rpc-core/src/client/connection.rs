@@ -9,7 +9,7 @@ use super::runtime::verbs_runtime;
 use super::runtime::{ClientRuntime, soft_runtime};
 use super::stream_limit::{StreamLimit, StreamPermit};
 use crate::auth::Credential;
-use crate::compression::CompressionConfig;
+use crate::compression::{CompressionConfig, Outgoing};
 use crate::descriptor::{MethodDescriptor, MethodKind};
 use crate::dispatch::{Config, Conn, Endpoint, OutFrame, least_loaded};
 use crate::fabric::soft::SoftFabric;
@@ -445,7 +445,7 @@ impl<F: Fabric> Client<F> {
             _permit: permit,
         };
         let (id, _) = self.register(waiter, timeout);
-        let packed = first.and_then(|m| compression.pack(m));
+        let out = first.map(|m| Outgoing::new(m, compression.send()));
         let frame = OutFrame {
             kind: FrameKind::Request,
             // The call's kind as this call is made (its descriptor could
@@ -458,18 +458,13 @@ impl<F: Fabric> Client<F> {
             status: 0,
             timeout_us: crate::protocol::timeout_field(timeout),
             metadata: Some(metadata),
-            payload_len: match &packed {
-                Some(packed) => packed.len(),
-                None => first.map_or(0, |m| m.encoded_len()),
-            },
+            payload_len: out.as_ref().map_or(0, Outgoing::len),
         };
-        let sent = self
-            .conn
-            .send(&frame, false, &mut |buf| match (&packed, first) {
-                (Some(packed), _) => buf.copy_from_slice(packed),
-                (None, Some(m)) => crate::dispatch::encode_exact(m, buf),
-                (None, None) => {}
-            });
+        let sent = self.conn.send(&frame, false, &mut |buf| {
+            if let Some(out) = &out {
+                out.write(buf)
+            }
+        });
         if let Err(e) = sent {
             // Its place on the connection goes outside the table's lock.
             let call = self.ep.role.calls().remove(id);

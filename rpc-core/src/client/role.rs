@@ -299,20 +299,17 @@ fn unary_outcome(frame: Frame, limit: usize) -> Result<RawReply, Status> {
     match frame.header.kind {
         FrameKind::Response => match frame.metadata {
             Some(metadata) => {
-                let flags = frame.header.flags;
-                let unpacked =
-                    crate::compression::unpack(flags, &frame.payload, EncodingSet::all(), limit)?;
-                Ok(match unpacked {
-                    None => RawReply {
-                        metadata,
-                        payload: frame.payload,
-                        encoding: None,
-                    },
-                    Some((inflated, encoding)) => RawReply {
-                        metadata,
-                        payload: inflated.into(),
-                        encoding: Some(encoding),
-                    },
+                let (payload, encoding) = crate::compression::inflate(
+                    frame.payload,
+                    frame.header.flags,
+                    EncodingSet::all(),
+                    || limit,
+                    drop,
+                )?;
+                Ok(RawReply {
+                    metadata,
+                    payload,
+                    encoding,
                 })
             }
             None => Err(Status::internal("server sent malformed response metadata")),

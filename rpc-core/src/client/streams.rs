@@ -6,11 +6,10 @@ use super::connection::Connection;
 use super::reconnect;
 use super::stream_limit::Waiting;
 use super::{Channel, Handle};
-use crate::compression::{CompressionConfig, CompressionSwitch, EncodingSet};
+use crate::compression::{CompressionConfig, EncodingSet, SendPolicy};
 use crate::descriptor::MethodDescriptor;
 use crate::observe::{CallObs, TRACEPARENT};
 use crate::protocol::CallId;
-use crate::streaming::Compression;
 use crate::streaming::{
     CallOwner, Opening, Outbox, Pump, RequestPump, RequestSender, StreamCore, StreamParts,
     Streaming,
@@ -373,7 +372,7 @@ impl Channel {
     /// side from the stream's outbox.
     pub(super) fn incoming<Resp>(
         opened: Opened,
-        compression: Compression,
+        compression: SendPolicy,
         pump: impl FnOnce(Outbox) -> Option<Box<dyn Pump>> + Send + 'static,
     ) -> Streaming<Resp> {
         let started = match opened {
@@ -397,18 +396,16 @@ impl Channel {
 
     /// How a stream's requests leave: in the encoding this handle sends
     /// (to a server that answers `Unimplemented` if it does not take it).
-    pub(super) fn outbox_compression(&self) -> Compression {
-        Compression {
-            switch: self
-                .compression
-                .send()
-                .map(|e| CompressionSwitch::new(Some(e))),
+    pub(super) fn outbox_compression(&self) -> SendPolicy {
+        SendPolicy {
+            switch: None,
+            encoding: self.compression.send(),
             peer_accepts: EncodingSet::all(),
         }
     }
 
     /// What a started stream's handles hold, and its request outbox.
-    fn parts(started: StreamStarted, compression: &Compression) -> (StreamParts, Outbox) {
+    fn parts(started: StreamStarted, compression: &SendPolicy) -> (StreamParts, Outbox) {
         let (id, core, conn, obs) = started;
         let link = conn.link();
         let outbox =

@@ -5,6 +5,7 @@
 use super::connection::{Connection, Sent};
 use super::role::{CallSlot, Outcome, decode_reply};
 use super::{Channel, Handle};
+use crate::compression::Outgoing;
 use crate::descriptor::MethodDescriptor;
 use crate::observe::{CallObs, TRACEPARENT};
 use crate::protocol::CallId;
@@ -139,10 +140,7 @@ impl<T> UnaryCall<T> {
                     handle: channel.inner.clone(),
                     method,
                     metadata: request.metadata().clone(),
-                    payload: channel
-                        .compression
-                        .pack(message)
-                        .unwrap_or_else(|| message.encode_to_vec()),
+                    payload: Outgoing::new(message, channel.compression.send()).into_vec(),
                     flags: channel.compression.request_flags(true),
                     fail_fast: request.fail_fast(),
                     deadline: timeout.and_then(crate::deadline_after),
@@ -152,27 +150,16 @@ impl<T> UnaryCall<T> {
         };
         let message = request.get_ref();
         let metadata = conn.gateway_metadata(method, request.metadata());
-        let flags = channel.compression.request_flags(true);
-        let started = match channel.compression.pack(message) {
-            None => conn.start(
-                method.id,
-                &metadata,
-                request.fail_fast(),
-                timeout,
-                flags,
-                message.encoded_len(),
-                &mut |buf| crate::dispatch::encode_exact(message, buf),
-            ),
-            Some(packed) => conn.start(
-                method.id,
-                &metadata,
-                request.fail_fast(),
-                timeout,
-                flags,
-                packed.len(),
-                &mut |buf| buf.copy_from_slice(&packed),
-            ),
-        };
+        let out = Outgoing::new(message, channel.compression.send());
+        let started = conn.start(
+            method.id,
+            &metadata,
+            request.fail_fast(),
+            timeout,
+            channel.compression.request_flags(true),
+            out.len(),
+            &mut |buf| out.write(buf),
+        );
         match started {
             Ok(sent) => UnaryCall::started(conn, sent),
             Err(status) => UnaryCall::failed(status),

@@ -21,6 +21,7 @@
 //! its per-message compressed flag.
 
 use crate::Status;
+use crate::payload::Payload;
 use std::fmt;
 
 /// gRPC's header that lists the encodings a side accepts, comma separated.
@@ -286,26 +287,122 @@ impl CompressionConfig {
         let encoding = self.send.filter(|_| message).map_or(0, Encoding::flags);
         self.accepts().flags() | encoding
     }
-
-    /// `message` as a caller sends it: compressed if it sends compressed.
-    pub(crate) fn pack(&self, message: &impl prost::Message) -> Option<Vec<u8>> {
-        self.send.map(|e| e.compress(&message.encode_to_vec()))
-    }
 }
 
-/// An incoming message whose frame had `flags`: as it is, or inflated (at
-/// most `limit` bytes), with the encoding it arrived in; `Unimplemented` if
-/// `accepted` does not hold that encoding.
+/// An incoming message whose frame had `flags`: as it is (`None`), or
+/// inflated (at most `limit()` bytes, asked for only then), with the
+/// encoding it arrived in; `Unimplemented` if `accepted` does not hold
+/// that encoding.
 pub(crate) fn unpack(
     flags: u16,
     message: &[u8],
     accepted: EncodingSet,
-    limit: usize,
+    limit: impl FnOnce() -> usize,
 ) -> Result<Option<(Vec<u8>, Encoding)>, Status> {
     match Encoding::from_flags(flags) {
         None => Ok(None),
-        Some(e) if accepted.contains(e) => Ok(Some((e.decompress(message, limit)?, e))),
+        Some(e) if accepted.contains(e) => Ok(Some((e.decompress(message, limit())?, e))),
         Some(e) => Err(unsupported(e.as_str(), accepted)),
+    }
+}
+
+/// A message's bytes as they arrived, inflated if `flags` say they are
+/// compressed (in an encoding of `accepted`, to at most `limit()` bytes),
+/// with the encoding they arrived in; the compressed bytes go to
+/// `recycle`.
+pub(crate) fn inflate(
+    payload: Payload,
+    flags: u16,
+    accepted: EncodingSet,
+    limit: impl FnOnce() -> usize,
+    recycle: impl FnOnce(Payload),
+) -> Result<(Payload, Option<Encoding>), Status> {
+    match unpack(flags, &payload, accepted, limit)? {
+        None => Ok((payload, None)),
+        Some((inflated, encoding)) => {
+            recycle(payload);
+            Ok((inflated.into(), Some(encoding)))
+        }
+    }
+}
+
+/// How a call's messages leave: in the encoding its sender wants (a
+/// response's [`CompressionSwitch`], read as each message is encoded, else
+/// a fixed one), if the peer accepts it; otherwise as they are.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SendPolicy {
+    /// Read as each message is encoded, over `encoding`.
+    pub(crate) switch: Option<CompressionSwitch>,
+    /// The encoding wanted when there is no switch.
+    pub(crate) encoding: Option<Encoding>,
+    /// What the peer accepts (the encodings its `Request` named; every
+    /// known one for a server, which answers one it does not take with
+    /// `Unimplemented`).
+    pub(crate) peer_accepts: EncodingSet,
+}
+
+impl SendPolicy {
+    /// The encoding of the message encoded now.
+    pub(crate) fn now(&self) -> Option<Encoding> {
+        let wanted = match &self.switch {
+            Some(switch) => switch.get(),
+            None => self.encoding,
+        }?;
+        self.peer_accepts.contains(wanted).then_some(wanted)
+    }
+}
+
+/// A message as a frame carries it: encoded straight into the frame, or
+/// compressed ahead of it.
+pub(crate) enum Outgoing<'a, M> {
+    /// Encoded into the frame as it is.
+    Plain(&'a M),
+    /// Compressed, in the encoding the frame's flags name.
+    Packed(Vec<u8>),
+}
+
+impl<'a, M: prost::Message> Outgoing<'a, M> {
+    /// `message`, compressed in `encoding` if there is one.
+    pub(crate) fn new(message: &'a M, encoding: Option<Encoding>) -> Outgoing<'a, M> {
+        match encoding {
+            Some(e) => Outgoing::Packed(e.compress(&message.encode_to_vec())),
+            None => Outgoing::Plain(message),
+        }
+    }
+
+    /// The bytes it takes in the frame.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Outgoing::Plain(m) => m.encoded_len(),
+            Outgoing::Packed(bytes) => bytes.len(),
+        }
+    }
+
+    /// Writes it into `buf`, of exactly [`Outgoing::len`] bytes.
+    pub(crate) fn write(&self, buf: &mut [u8]) {
+        match self {
+            Outgoing::Plain(m) => crate::dispatch::encode_exact(*m, buf),
+            Outgoing::Packed(bytes) => buf.copy_from_slice(bytes),
+        }
+    }
+
+    /// Appends it to `out`.
+    pub(crate) fn append_to(&self, out: &mut Vec<u8>) {
+        match self {
+            // Cannot fail: a `Vec` grows.
+            Outgoing::Plain(m) => {
+                let _ = m.encode(out);
+            }
+            Outgoing::Packed(bytes) => out.extend_from_slice(bytes),
+        }
+    }
+
+    /// Its bytes, owned.
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Outgoing::Plain(m) => m.encode_to_vec(),
+            Outgoing::Packed(bytes) => bytes,
+        }
     }
 }
 
@@ -453,17 +550,17 @@ mod tests {
             gzip_only.accepts().iter().collect::<Vec<_>>(),
             [Encoding::Gzip]
         );
-        let err = unpack(flags, &packed, gzip_only.accepts(), 1 << 30).unwrap_err();
+        let err = unpack(flags, &packed, gzip_only.accepts(), || 1 << 30).unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented, "{err}");
         assert!(err.message().contains("identity,gzip"), "{err}");
         let all = CompressionConfig::default();
         assert_eq!(all.accepts(), EncodingSet::all());
-        let (inflated, e) = unpack(flags, &packed, all.accepts(), 1 << 30)
+        let (inflated, e) = unpack(flags, &packed, all.accepts(), || 1 << 30)
             .unwrap()
             .unwrap();
         assert_eq!((inflated, e), (message.clone(), Encoding::Zstd));
         assert!(
-            unpack(0, &message, all.accepts(), 1 << 30)
+            unpack(0, &message, all.accepts(), || 1 << 30)
                 .unwrap()
                 .is_none()
         );
@@ -472,7 +569,7 @@ mod tests {
         assert_eq!(zstd.send(), Some(Encoding::Zstd));
         assert_eq!(zstd.send_uncompressed().send(), None);
         let none = all.accept_encodings(EncodingSet::none());
-        assert!(unpack(flags, &packed, none.accepts(), 1 << 30).is_err());
+        assert!(unpack(flags, &packed, none.accepts(), || 1 << 30).is_err());
     }
 
     #[test]

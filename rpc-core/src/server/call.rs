@@ -6,10 +6,9 @@
 
 use super::registry::Registry;
 use super::task::{poll_handler, run_handler, run_task};
-use crate::compression::{CompressionSwitch, Encoding, EncodingSet};
+use crate::compression::{CompressionSwitch, Encoding, EncodingSet, Outgoing, SendPolicy};
 use crate::conventions::UNKNOWN_METHOD;
 use crate::dispatch::OutFrame;
-use crate::dispatch::encode_exact;
 use crate::executor::{self, panic_message};
 use crate::observe::CallObs;
 use crate::protocol::{CallId, FrameKind, SendError};
@@ -157,35 +156,26 @@ impl ServerCall {
         if self.answer_if_expired() {
             return None;
         }
-        let mut payload = std::mem::take(&mut self.payload);
-        let mut encoding = None;
-        if crate::compression::Encoding::from_flags(self.flags).is_some() {
-            let limit = self.sink.as_ref().map_or(0, |s| s.max_message());
-            match crate::compression::unpack(
-                self.flags,
-                &payload,
-                self.compression.accepts(),
-                limit,
-            ) {
-                Ok(Some((inflated, e))) => {
-                    if let Some(sink) = &self.sink {
-                        sink.recycle(payload);
-                    }
-                    payload = inflated.into();
-                    encoding = Some(e);
-                }
-                Ok(None) => {}
-                Err(status) => {
-                    self.answer_err(&status);
-                    return None;
-                }
-            }
-        }
-        let decoded = payload.decode::<Req>(|p| {
+        let recycle = |p| {
             if let Some(sink) = &self.sink {
                 sink.recycle(p);
             }
-        });
+        };
+        let inflated = crate::compression::inflate(
+            std::mem::take(&mut self.payload),
+            self.flags,
+            self.compression.accepts(),
+            || self.sink.as_ref().map_or(0, |s| s.max_message()),
+            recycle,
+        );
+        let (payload, encoding) = match inflated {
+            Ok(inflated) => inflated,
+            Err(status) => {
+                self.answer_err(&status);
+                return None;
+            }
+        };
+        let decoded = payload.decode::<Req>(recycle);
         match decoded {
             Ok(message) => Some(
                 Request::from_wire(
@@ -410,16 +400,7 @@ impl ServerCall {
         };
         let mut response = response;
         let trailers = response.take_trailers();
-        let compression = crate::streaming::Compression {
-            switch: match response.compression_switch() {
-                Some(switch) => Some(switch.clone()),
-                None => self
-                    .compression
-                    .send()
-                    .map(|e| CompressionSwitch::new(Some(e))),
-            },
-            peer_accepts: EncodingSet::from_flags(self.flags),
-        };
+        let compression = self.send_policy(response.compression_switch());
         let (metadata, stream) = response.into_parts();
         let mut outbox = Outbox::new(core, sink, self.call_id, self.method_id, Some(metadata))
             .compress(compression);
@@ -506,12 +487,12 @@ impl ServerCall {
         }
         let mut response = response;
         let trailers = response.take_trailers();
-        let encoding = self.send_encoding(response.compression_switch());
+        let encoding = self.send_policy(response.compression_switch()).now();
         let (mut metadata, message) = response.into_parts();
         if let Some(t) = trailers {
             t.merge_into(&mut metadata);
         }
-        let packed = encoding.map(|e| e.compress(&message.encode_to_vec()));
+        let out = Outgoing::new(&message, encoding);
         let frame = OutFrame {
             kind: FrameKind::Response,
             flags: encoding.map_or(0, Encoding::flags),
@@ -520,14 +501,9 @@ impl ServerCall {
             status: 0,
             timeout_us: 0,
             metadata: Some(&metadata),
-            payload_len: packed
-                .as_ref()
-                .map_or_else(|| message.encoded_len(), Vec::len),
+            payload_len: out.len(),
         };
-        let sent = sink.send(&frame, false, &mut |buf| match &packed {
-            Some(packed) => buf.copy_from_slice(packed),
-            None => encode_exact(&message, buf),
-        });
+        let sent = sink.send(&frame, false, &mut |buf| out.write(buf));
         if let Err(e) = sent {
             // Too large for the client, or the connection is gone: say so if we still can.
             let status = match e {
@@ -545,17 +521,15 @@ impl ServerCall {
         }
     }
 
-    /// The encoding a message of this call leaves in: the response's
-    /// switch if it has one, else the service's setting; if the caller
+    /// How this call's messages leave: in the encoding the response's
+    /// switch holds if it has one, else the service's; if the caller
     /// accepts it.
-    pub(super) fn send_encoding(&self, switch: Option<&CompressionSwitch>) -> Option<Encoding> {
-        let wanted = match switch {
-            Some(switch) => switch.get(),
-            None => self.compression.send(),
-        }?;
-        EncodingSet::from_flags(self.flags)
-            .contains(wanted)
-            .then_some(wanted)
+    fn send_policy(&self, switch: Option<&CompressionSwitch>) -> SendPolicy {
+        SendPolicy {
+            switch: switch.cloned(),
+            encoding: self.compression.send(),
+            peer_accepts: EncodingSet::from_flags(self.flags),
+        }
     }
 
     pub(super) fn reply_err(mut self, status: &Status) {

@@ -28,7 +28,7 @@ mod state;
 pub(crate) use crate::cancel::Signal;
 pub(crate) use crate::dispatch::{Link, send_control};
 pub(crate) use opening::{CallOwner, Opening, StreamParts};
-pub(crate) use outbox::{Compression, Outbox};
+pub(crate) use outbox::Outbox;
 pub(crate) use producer::{Producer, Pump, RequestPump, StreamEnd};
 pub use sender::{IntoStreamingRequest, RequestSender};
 pub(crate) use state::StreamCore;
@@ -171,17 +171,16 @@ impl<T> Streaming<T> {
     /// `message`, from a frame whose header had `flags`, inflated if it was
     /// compressed; an error ends the stream.
     fn inflate(&mut self, message: Bytes, flags: u16) -> Result<Bytes, Status> {
-        if Encoding::from_flags(flags).is_none() {
-            self.last_encoding = None;
-            return Ok(message);
-        }
-        let limit = self.link.max_message();
-        match crate::compression::unpack(flags, &message, self.accept, limit) {
+        let link = &self.link;
+        match crate::compression::unpack(flags, &message, self.accept, || link.max_message()) {
             Ok(Some((inflated, encoding))) => {
                 self.last_encoding = Some(encoding);
                 Ok(inflated.into())
             }
-            Ok(None) => Ok(message),
+            Ok(None) => {
+                self.last_encoding = None;
+                Ok(message)
+            }
             Err(status) => {
                 self.batch = None;
                 self.finish();

@@ -4,8 +4,8 @@
 //! half-closes; and [`NoLink`], the link of a call that never started.
 
 use super::state::StreamCore;
-use crate::compression::{CompressionSwitch, Encoding, EncodingSet};
-use crate::dispatch::{LendBuf, Link, OutFrame, encode_exact, send_control};
+use crate::compression::{Encoding, Outgoing, SendPolicy};
+use crate::dispatch::{LendBuf, Link, OutFrame, send_control};
 use crate::protocol::stream::{MAX_BATCH, PIPELINED_MAX, RECORD_PREFIX};
 use crate::protocol::{CallId, FrameKind, SendError};
 use crate::{Metadata, Status};
@@ -60,27 +60,7 @@ pub(crate) struct Outbox {
     /// share one, so a message in another goes in the next frame.
     pending_encoding: Option<Encoding>,
     /// How messages leave: compressed or not ([`Outbox::compress`]).
-    compression: Compression,
-}
-
-/// How an outbox's messages leave.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Compression {
-    /// The encoding wanted, read as each message is encoded; `None`: as
-    /// they are.
-    pub(crate) switch: Option<CompressionSwitch>,
-    /// What the peer accepts (the encodings its `Request` named; every
-    /// known one for a server, which answers what it does not take with
-    /// `Unimplemented`).
-    pub(crate) peer_accepts: EncodingSet,
-}
-
-impl Compression {
-    /// The encoding of the message encoded now.
-    fn now(&self) -> Option<Encoding> {
-        let wanted = self.switch.as_ref()?.get()?;
-        self.peer_accepts.contains(wanted).then_some(wanted)
-    }
+    compression: SendPolicy,
 }
 
 impl Outbox {
@@ -102,25 +82,21 @@ impl Outbox {
             count: 0,
             lent: None,
             pending_encoding: None,
-            compression: Compression::default(),
+            compression: SendPolicy::default(),
         }
     }
 
     /// Sends messages as `compression` says, from the next on.
-    pub(crate) fn compress(mut self, compression: Compression) -> Outbox {
+    pub(crate) fn compress(mut self, compression: SendPolicy) -> Outbox {
         self.compression = compression;
         self
     }
 
-    /// Changes how the messages from the next on leave (a sender's
-    /// per-message switch).
-    pub(crate) fn set_compression(&mut self, compression: Compression) {
-        self.compression = compression;
-    }
-
-    /// How messages leave now.
-    pub(crate) fn compression(&self) -> &Compression {
-        &self.compression
+    /// Sends the messages from the next on in `encoding` (`None`: as they
+    /// are), if the peer accepts it: a sender's per-message switch.
+    pub(crate) fn send_in(&mut self, encoding: Option<Encoding>) {
+        self.compression.switch = None;
+        self.compression.encoding = encoding;
     }
 
     /// The outbox of a call that did not start: every send fails.
@@ -147,10 +123,8 @@ impl Outbox {
         let encoding = self.compression.now();
         // Compressed before the window is asked for (a message that must
         // wait is compressed again when pushed again).
-        let packed = encoding.map(|e| e.compress(&message.encode_to_vec()));
-        let len = packed
-            .as_ref()
-            .map_or_else(|| message.encoded_len(), Vec::len);
+        let out = Outgoing::new(message, encoding);
+        let len = out.len();
         let alone = self.lent.is_some() || len > MAX_BATCH;
         let other_encoding = self.count > 0 && self.pending_encoding != encoding;
         if alone
@@ -169,10 +143,7 @@ impl Outbox {
             // again into that buffer once the window opens.
             match self.link.lend_buffer(&self.message_frame(1, len)) {
                 Ok(Some(mut buf)) => {
-                    match &packed {
-                        Some(packed) => buf.bytes().copy_from_slice(packed),
-                        None => encode_exact(message, buf.bytes()),
-                    }
+                    out.write(buf.bytes());
                     self.lent = Some(buf);
                     // It goes alone, so at once if the window allows, not
                     // after the next message is produced and encoded (the
@@ -190,13 +161,7 @@ impl Outbox {
         // A message fits in 32 bits: larger ones fail when sent.
         let prefix = u32::try_from(len).unwrap_or(u32::MAX);
         self.batch.extend_from_slice(&prefix.to_le_bytes());
-        match packed {
-            Some(packed) => self.batch.extend_from_slice(&packed),
-            // Cannot fail: room for `encoded_len` bytes was reserved.
-            None => {
-                let _ = message.encode(&mut self.batch);
-            }
-        }
+        out.append_to(&mut self.batch);
         self.count += 1;
         Poll::Ready(Ok(()))
     }
@@ -267,14 +232,8 @@ impl Outbox {
         }
         let encoding = self.compression.now();
         self.pending_encoding = encoding;
-        match encoding.map(|e| e.compress(&message.encode_to_vec())) {
-            Some(packed) => {
-                self.poll_frame(cx, 1, packed.len(), &mut |buf| buf.copy_from_slice(&packed))
-            }
-            None => self.poll_frame(cx, 1, message.encoded_len(), &mut |buf| {
-                encode_exact(message, buf)
-            }),
-        }
+        let out = Outgoing::new(message, encoding);
+        self.poll_frame(cx, 1, out.len(), &mut |buf| out.write(buf))
     }
 
     /// Sends a `Message` frame of `count` messages in `payload_len` bytes

@@ -3,8 +3,8 @@
 //! allows, and [`IntoStreamingRequest`], which takes a `Stream` of them.
 
 use super::opening::Opening;
-use super::outbox::{Compression, Outbox};
-use crate::compression::{CompressionSwitch, Encoding};
+use super::outbox::Outbox;
+use crate::compression::Encoding;
 use crate::{Request, Status};
 use futures_core::Stream;
 use std::fmt;
@@ -81,11 +81,7 @@ impl<T: prost::Message> RequestSender<T> {
         }
         self.opened().await?;
         if let Some(encoding) = self.encoding.take() {
-            let peer_accepts = self.outbox.compression().peer_accepts;
-            self.outbox.set_compression(Compression {
-                switch: Some(CompressionSwitch::new(encoding)),
-                peer_accepts,
-            });
+            self.outbox.send_in(encoding);
         }
         let sent = std::future::poll_fn(|cx| self.outbox.poll_send(cx, &message)).await;
         self.outbox.flush();
