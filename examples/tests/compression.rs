@@ -95,10 +95,11 @@ fn call(
     client.echo(request).wait()
 }
 
-on_every_fabric! {
+on_every_fabric_and_face! {
     fn every_encoding_travels_both_ways_and_each_side_sees_it(url: &str) {
-        let server = serve(Server::builder().add_service(EchoServer::new(Reports)), url);
-        let plain = EchoClient::new(channel(server.local_url()));
+        let builder = Server::builder().add_service(EchoServer::new(Reports));
+        let (_server, at) = serve_for_clients(builder, url);
+        let plain = EchoClient::new(channel(&at));
         // Small and compressible (in the ring), large and compressible
         // (shrinks into the ring), large and random (still lent).
         let payloads = [compressible(3000), compressible(4 << 20), pattern(1 << 20, 9)];
@@ -118,11 +119,11 @@ on_every_fabric! {
     }
 }
 
-on_every_fabric! {
+on_every_fabric_and_face! {
     fn a_server_compresses_only_what_its_caller_accepts(url: &str) {
         let service = EchoServer::new(Reports).send_compressed(Encoding::Zstd);
-        let server = serve(Server::builder().add_service(service), url);
-        let all = EchoClient::new(channel(server.local_url()));
+        let (_server, at) = serve_for_clients(Server::builder().add_service(service), url);
+        let all = EchoClient::new(channel(&at));
         let reply = call(&all, compressible(5000), None).unwrap();
         assert_eq!(reply.message_encoding(), Some(Encoding::Zstd), "the service's setting");
         let gzip_only = all.clone().accept_compressed(Encoding::Gzip);
@@ -140,11 +141,11 @@ on_every_fabric! {
     }
 }
 
-on_every_fabric! {
+on_every_fabric_and_face! {
     fn an_encoding_the_server_does_not_accept_fails_unimplemented(url: &str) {
         let service = EchoServer::new(Reports).accept_compressed(Encoding::Gzip);
-        let server = serve(Server::builder().add_service(service), url);
-        let plain = EchoClient::new(channel(server.local_url()));
+        let (_server, at) = serve_for_clients(Server::builder().add_service(service), url);
+        let plain = EchoClient::new(channel(&at));
         let err = call(&plain.clone().send_compressed(Encoding::Zstd), compressible(100), None)
             .unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented, "{err}");
@@ -153,13 +154,13 @@ on_every_fabric! {
             .unwrap();
         assert_eq!(reply.metadata().get("x-arrived"), Some("gzip"));
         // The server's own setting, for a service without one.
-        let server = serve(
+        let (_server, at) = serve_for_clients(
             Server::builder()
                 .accept_encodings(EncodingSet::none())
                 .add_service(EchoServer::new(Reports)),
             &second_url(url),
         );
-        let plain = EchoClient::new(channel(server.local_url()));
+        let plain = EchoClient::new(channel(&at));
         let err = call(&plain.clone().send_compressed(Encoding::Deflate), vec![1; 10], None)
             .unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented, "{err}");
@@ -167,17 +168,17 @@ on_every_fabric! {
     }
 }
 
-on_every_fabric! {
+on_every_fabric_and_face! {
     fn a_message_that_inflates_past_the_limit_fails_resource_exhausted(url: &str) {
         // 4 MiB of zeros compress to a few KiB: the sender's check of the
         // compressed size passes, the receiver's limit stops the inflating.
-        let server = serve(
+        let (_server, at) = serve_for_clients(
             Server::builder()
                 .max_message_size(1 << 20)
                 .add_service(EchoServer::new(Reports)),
             url,
         );
-        let plain = EchoClient::new(channel(server.local_url()));
+        let plain = EchoClient::new(channel(&at));
         for encoding in Encoding::ALL {
             let err = call(&plain.clone().send_compressed(encoding), vec![0; 4 << 20], None)
                 .unwrap_err();
@@ -189,7 +190,7 @@ on_every_fabric! {
         assert_eq!(reply.into_inner().payload.len(), 512 << 10);
         // A response that inflates past the client's limit fails too.
         let small = EchoClient::new(
-            rpc_core::Channel::builder(server.local_url())
+            rpc_core::Channel::builder(&at)
                 .max_message_size(64 << 10)
                 .timeout(LIMIT)
                 .connect()
@@ -201,10 +202,11 @@ on_every_fabric! {
     }
 }
 
-on_every_fabric! {
+on_every_fabric_and_face! {
     fn a_stream_switches_compression_message_by_message(url: &str) {
-        let server = serve(Server::builder().add_service(EchoServer::new(Reports)), url);
-        let client = EchoClient::new(channel(server.local_url()));
+        let builder = Server::builder().add_service(EchoServer::new(Reports));
+        let (_server, at) = serve_for_clients(builder, url);
+        let client = EchoClient::new(channel(&at));
         for size in [100usize, 40_000, 300_000] {
             let mut request = Request::new(StreamRequest { count: 6, size: size as u32 });
             request.metadata_mut().insert("x-send", "gzip").unwrap();
@@ -223,7 +225,7 @@ on_every_fabric! {
 
 /// Another server's URL on the fabric of `url`.
 fn second_url(url: &str) -> String {
-    if url.starts_with("mem://") {
+    if url.contains("mem://") {
         format!("{url}-second")
     } else {
         url.to_owned()

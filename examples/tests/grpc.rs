@@ -798,7 +798,7 @@ impl Events {
     /// Waits until `event` is recorded; fails with `what` past `until`.
     async fn wait_for(&self, event: &str, until: Instant, what: &str) {
         while !self.has(event) {
-            assert!(Instant::now() < until, "{what}");
+            assert!(Instant::now() < until, "{what}: {:?}", self.list());
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
@@ -1046,6 +1046,184 @@ fn reset_mid_request_stream(
                     events.list()
                 );
             }
+        });
+        drop(server);
+    });
+}
+
+/// What the face answers one raw HTTP/2 request to `/echo.Echo/Echo`
+/// with the extra `headers` and one DATA frame `body`: its `grpc-status`
+/// (in trailers, or in trailers-only headers) and its headers.
+async fn raw_echo(
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> (Option<String>, tonic::codegen::http::HeaderMap) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut request = tonic::codegen::http::Request::post(format!("http://{addr}/echo.Echo/Echo"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let mut client = client.ready().await.unwrap();
+    let (response, mut send) = client
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    send.send_data(body.into(), true).unwrap();
+    let response = response.await.unwrap();
+    let head = response.headers().clone();
+    if let Some(status) = head.get("grpc-status") {
+        return (Some(status.to_str().unwrap().to_owned()), head);
+    }
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        let _ = body.flow_control().release_capacity(data.unwrap().len());
+    }
+    let trailers = body.trailers().await.unwrap().unwrap_or_default();
+    let status = trailers
+        .get("grpc-status")
+        .map(|s| s.to_str().unwrap().to_owned());
+    (status, head)
+}
+
+/// gRPC's framing of one message: its compressed flag, then its length.
+fn grpc_frame(compressed: u8, message: &[u8]) -> Vec<u8> {
+    let mut frame = vec![compressed];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(message);
+    frame
+}
+
+/// Compressed messages the face cannot take get gRPC's codes, and the
+/// server goes on serving: an encoding it does not accept is
+/// `UNIMPLEMENTED` with its `grpc-accept-encoding`; a corrupt message, one
+/// flagged compressed in a stream without `grpc-encoding`, a flag other
+/// than 0 or 1, and a body that ends inside a message are `INTERNAL`; one
+/// longer than the server's limit is `RESOURCE_EXHAUSTED`.
+#[test]
+fn the_face_answers_bad_compressed_messages_with_grpcs_codes() {
+    watchdog(|| {
+        let probe = Probe::new();
+        let server = serve(
+            test_server(&probe)
+                .accept_encodings(rpc_core::EncodingSet::none().with(rpc_core::Encoding::Gzip))
+                .max_message_size(64 << 10)
+                .grpc("127.0.0.1:0"),
+            "mem://grpc-bad-compressed",
+        );
+        let addr = server.grpc_addr().unwrap();
+        let echo = rpc_core::prost::Message::encode_to_vec(&examples::echo::EchoRequest {
+            payload: vec![7; 100].into(),
+        });
+        let gzip = rpc_core::Encoding::Gzip.compress(&echo);
+        runtime().block_on(async {
+            let (status, head) =
+                raw_echo(addr, &[("grpc-encoding", "br")], grpc_frame(1, b"x")).await;
+            assert_eq!(status.as_deref(), Some("12"), "an unknown encoding");
+            let accepts = head.get("grpc-accept-encoding").unwrap().to_str().unwrap();
+            assert!(
+                accepts.contains("gzip") && !accepts.contains("zstd"),
+                "{accepts}"
+            );
+            let (status, _) =
+                raw_echo(addr, &[("grpc-encoding", "zstd")], grpc_frame(0, &echo)).await;
+            assert_eq!(
+                status.as_deref(),
+                Some("12"),
+                "an encoding the server refuses"
+            );
+            let mut corrupt = gzip.clone();
+            let mid = corrupt.len() / 2;
+            corrupt[mid] ^= 0xff;
+            let gz = [("grpc-encoding", "gzip")];
+            let (status, _) = raw_echo(addr, &gz, grpc_frame(1, &corrupt)).await;
+            assert_eq!(status.as_deref(), Some("13"), "a corrupt message");
+            let (status, _) = raw_echo(addr, &[], grpc_frame(1, &gzip)).await;
+            assert_eq!(
+                status.as_deref(),
+                Some("13"),
+                "compressed without grpc-encoding"
+            );
+            let (status, _) = raw_echo(addr, &gz, grpc_frame(2, &gzip)).await;
+            assert_eq!(status.as_deref(), Some("13"), "a flag of 2");
+            let mut cut = grpc_frame(1, &gzip);
+            cut.truncate(cut.len() - 3);
+            let (status, _) = raw_echo(addr, &gz, cut).await;
+            assert_eq!(
+                status.as_deref(),
+                Some("13"),
+                "a body that ends inside a message"
+            );
+            let (status, _) = raw_echo(addr, &[], grpc_frame(0, &vec![0; 65 << 10])).await;
+            assert_eq!(status.as_deref(), Some("8"), "a message over the limit");
+            // And what is right still passes, compressed or not.
+            let (status, head) = raw_echo(addr, &gz, grpc_frame(1, &gzip)).await;
+            assert_eq!(status.as_deref(), Some("0"), "a gzip message: {head:?}");
+            let (status, _) = raw_echo(addr, &[], grpc_frame(0, &echo)).await;
+            assert_eq!(status.as_deref(), Some("0"), "a plain message");
+        });
+        drop(server);
+    });
+}
+
+/// A message that breaks gRPC's framing in the middle of a request stream
+/// fails the call with its status (here a compressed flag of 2:
+/// `INTERNAL`), and the handler, which took the messages before it, is
+/// cancelled: it never sees an end of its stream.
+#[test]
+fn a_broken_message_in_a_request_stream_fails_the_call_and_cancels_its_handler() {
+    watchdog(|| {
+        let events = Events::default();
+        let server = serve_recorder(&events, "mem://grpc-broken-in-stream");
+        let addr = server.grpc_addr().expect("a gRPC face");
+        let point = rpc_core::prost::Message::encode_to_vec(&examples::routeguide::Point {
+            latitude: 1,
+            longitude: 2,
+        });
+        runtime().block_on(async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            let request = tonic::codegen::http::Request::post(format!(
+                "http://{addr}/routeguide.RouteGuide/RecordRoute"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+            let mut client = client.ready().await.unwrap();
+            let (response, mut body) = client.send_request(request, false).unwrap();
+            body.send_data(grpc_frame(0, &point).into(), false).unwrap();
+            let until = Instant::now() + LIMIT;
+            events
+                .wait_for("point 1", until, "the first point never arrived")
+                .await;
+            // Not ended: the stream goes on, broken.
+            body.send_data(grpc_frame(2, &point).into(), false).unwrap();
+            let response = response.await.unwrap();
+            let status = match response.headers().get("grpc-status") {
+                Some(status) => status.clone(),
+                None => {
+                    let mut answer = response.into_body();
+                    while let Some(data) = answer.data().await {
+                        let _ = answer.flow_control().release_capacity(data.unwrap().len());
+                    }
+                    let trailers = answer.trailers().await.unwrap().unwrap();
+                    trailers.get("grpc-status").unwrap().clone()
+                }
+            };
+            assert_eq!(status, "13", "a compressed flag of 2 is INTERNAL");
+            events
+                .wait_for("gone", until, "the handler was never dropped")
+                .await;
+            assert!(!events.has("end of stream"), "{:?}", events.list());
         });
         drop(server);
     });

@@ -40,10 +40,8 @@ fn run_all(channel: &Channel, cases: &[&Case]) {
 
 fn every_case(url: &str) {
     let server = serve(url, false);
-    run_all(
-        &channel(server.local_url()),
-        &cases::ALL.iter().collect::<Vec<_>>(),
-    );
+    let all: Vec<&Case> = cases::ALL.iter().collect();
+    run_all(&channel(server.local_url()), &all);
 }
 
 #[test]
@@ -63,25 +61,12 @@ fn every_case_passes_on_rdma() {
     every_case(&std::env::var("RPC_TEST_RDMA_URL").unwrap_or(format!("rdma://{ip}:0")));
 }
 
-/// The cases that need message compression over standard gRPC, which the
-/// face and `grpc://` do not have yet (ARCHITECTURE.md, "Not yet").
-const NEED_FACE_COMPRESSION: [&str; 4] = [
-    "client_compressed_unary",
-    "server_compressed_unary",
-    "client_compressed_streaming",
-    "server_compressed_streaming",
-];
-
 #[test]
-fn every_case_but_compression_passes_over_the_grpc_face() {
+fn every_case_passes_over_the_grpc_face() {
     let server = serve("mem://interop-face", true);
     let addr = server.grpc_addr().expect("the face is up");
-    let channel = channel(&format!("grpc://{addr}"));
-    let cases: Vec<&Case> = cases::ALL
-        .iter()
-        .filter(|c| !NEED_FACE_COMPRESSION.contains(&c.name))
-        .collect();
-    run_all(&channel, &cases);
+    let all: Vec<&Case> = cases::ALL.iter().collect();
+    run_all(&channel(&format!("grpc://{addr}")), &all);
 }
 
 #[test]

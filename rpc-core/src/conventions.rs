@@ -1,7 +1,7 @@
 //! What a client and a server of this crate agree on beyond the frame
 //! format: how a status about a method the server lacks begins, and the
 //! metadata of calls through the `grpc://` gateway (the server it is for,
-//! the method's path, the channel's TLS settings, and the kind of rpc a
+//! the method's path, the channel's TLS settings and encoding, and the kind of rpc a
 //! call for a server's fallback service names). Both sides read and write
 //! these, so they live below both.
 
@@ -19,6 +19,11 @@ pub(crate) const GATEWAY_PATH: &str = "rpc-gateway-path";
 /// The metadata key naming the TLS settings of a `grpc://` call's channel
 /// (registered with the gateway), if it has any.
 pub(crate) const GATEWAY_TLS: &str = "rpc-gateway-tls";
+
+/// The metadata key naming the encoding a `grpc://` stream's messages may
+/// be compressed in (its channel's), for the gateway to declare it to the
+/// server before they come.
+pub(crate) const GATEWAY_ENCODING: &str = "rpc-gateway-encoding";
 
 /// The metadata key in which a call to a server's fallback names its kind.
 pub(crate) const FALLBACK_KIND: &str = "rpc-gateway-kind";

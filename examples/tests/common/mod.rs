@@ -93,6 +93,14 @@ macro_rules! fabric_test {
             $crate::common::watchdog(|| run($crate::common::TCP_ANY));
         }
     };
+    (face [$(#[$meta:meta])*]) => {
+        $(#[$meta])*
+        #[test]
+        fn face() {
+            let url = format!("face+{}-face", $crate::common::mem_url(module_path!()));
+            $crate::common::watchdog(move || run(&url));
+        }
+    };
     (rdma [$(#[$meta:meta])*]) => {
         $(#[$meta])*
         #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
@@ -107,6 +115,13 @@ macro_rules! fabric_test {
 /// Runs the test body once per fabric: `mem`, `tcp` and `rdma`.
 macro_rules! on_every_fabric {
     ($($t:tt)*) => { fabric_tests!([mem, tcp, rdma] $($t)*); };
+}
+
+/// Like [`on_every_fabric`], and once more through a server's gRPC face
+/// (`face`: our client calls it by `grpc://`, see [`serve_for_clients`]).
+#[allow(unused_macros)]
+macro_rules! on_every_fabric_and_face {
+    ($($t:tt)*) => { fabric_tests!([mem, tcp, rdma, face] $($t)*); };
 }
 
 /// Like [`on_every_fabric`], for fabrics that reach other processes (no `mem`).
@@ -552,6 +567,25 @@ pub fn serve(builder: ServerBuilder, url: &str) -> ServerHandle {
     builder
         .serve(url)
         .unwrap_or_else(|e| panic!("serve on {url}: {e}"))
+}
+
+/// A server of `builder` on `url`, and the URL its clients call: its own;
+/// or for a `face+` URL (the `face` of [`on_every_fabric_and_face`]), its
+/// gRPC face's, by `grpc://`, the server itself on the rest of the URL.
+#[allow(dead_code)]
+pub fn serve_for_clients(builder: ServerBuilder, url: &str) -> (ServerHandle, String) {
+    match url.strip_prefix("face+") {
+        Some(own) => {
+            let server = serve(builder.grpc("127.0.0.1:0"), own);
+            let face = server.grpc_addr().expect("the gRPC face is up");
+            (server, format!("grpc://{face}"))
+        }
+        None => {
+            let server = serve(builder, url);
+            let at = server.local_url().to_owned();
+            (server, at)
+        }
+    }
 }
 
 /// A request to echo `payload`, tagged `tag`, with more metadata.

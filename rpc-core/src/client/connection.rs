@@ -141,11 +141,14 @@ impl Connection {
 
     /// For a `grpc://` connection (to the process's gRPC gateway),
     /// `metadata` with what the gateway needs to pass the call on: the
-    /// server, and the method's path and kind; other connections' as is.
+    /// server, the method's path and kind, and the encoding a stream's
+    /// messages may be compressed in (`send`, the channel's); other
+    /// connections' as is.
     pub(super) fn gateway_metadata<'a>(
         &self,
         method: &MethodDescriptor,
         metadata: &'a Metadata,
+        send: Option<crate::Encoding>,
     ) -> std::borrow::Cow<'a, Metadata> {
         if self.url.scheme != Scheme::Grpc {
             return std::borrow::Cow::Borrowed(metadata);
@@ -155,6 +158,9 @@ impl Connection {
         let _ = with.insert(crate::conventions::GATEWAY_PATH, method.path);
         if let Some(tls) = &self.gateway_tls {
             let _ = with.insert(crate::conventions::GATEWAY_TLS, tls.as_str());
+        }
+        if let Some(encoding) = send {
+            let _ = with.insert(crate::conventions::GATEWAY_ENCODING, encoding.as_str());
         }
         let _ = with.insert(
             crate::conventions::FALLBACK_KIND,

@@ -207,7 +207,7 @@ impl Channel {
                 return Opened::Now(Err(status));
             }
         };
-        let metadata = conn.gateway_metadata(method, &metadata);
+        let metadata = conn.gateway_metadata(method, &metadata, self.compression.send());
         let started = conn.start_stream(
             method,
             &metadata,
@@ -303,7 +303,7 @@ impl Channel {
             };
             let started = {
                 let _in = obs.span().clone().entered();
-                let metadata = conn.gateway_metadata(method, &metadata);
+                let metadata = conn.gateway_metadata(method, &metadata, compression.send());
                 conn.start_stream(
                     method,
                     &metadata,

@@ -96,7 +96,7 @@ impl Pending {
             None => None,
         };
         let conn = self.handle.pick().ok()?;
-        let metadata = conn.gateway_metadata(self.method, &self.metadata);
+        let metadata = conn.gateway_metadata(self.method, &self.metadata, None);
         let started = conn.start(
             self.method.id,
             &metadata,
@@ -149,7 +149,7 @@ impl<T> UnaryCall<T> {
             }
         };
         let message = request.get_ref();
-        let metadata = conn.gateway_metadata(method, request.metadata());
+        let metadata = conn.gateway_metadata(method, request.metadata(), None);
         let out = Outgoing::new(message, channel.compression.send());
         let started = conn.start(
             method.id,

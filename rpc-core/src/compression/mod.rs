@@ -357,15 +357,16 @@ impl SendPolicy {
 pub(crate) enum Outgoing<'a, M> {
     /// Encoded into the frame as it is.
     Plain(&'a M),
-    /// Compressed, in the encoding the frame's flags name.
-    Packed(Vec<u8>),
+    /// Its bytes ready: compressed ahead here, or passed on from
+    /// elsewhere (compressed or not, as the frame's flags say).
+    Packed(std::borrow::Cow<'a, [u8]>),
 }
 
 impl<'a, M: prost::Message> Outgoing<'a, M> {
     /// `message`, compressed in `encoding` if there is one.
     pub(crate) fn new(message: &'a M, encoding: Option<Encoding>) -> Outgoing<'a, M> {
         match encoding {
-            Some(e) => Outgoing::Packed(e.compress(&message.encode_to_vec())),
+            Some(e) => Outgoing::Packed(e.compress(&message.encode_to_vec()).into()),
             None => Outgoing::Plain(message),
         }
     }
@@ -401,7 +402,7 @@ impl<'a, M: prost::Message> Outgoing<'a, M> {
     pub(crate) fn into_vec(self) -> Vec<u8> {
         match self {
             Outgoing::Plain(m) => m.encode_to_vec(),
-            Outgoing::Packed(bytes) => bytes,
+            Outgoing::Packed(bytes) => bytes.into_owned(),
         }
     }
 }

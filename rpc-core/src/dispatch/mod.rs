@@ -12,6 +12,8 @@ mod srq;
 pub(crate) mod wake;
 
 pub(crate) use config::Config;
+#[cfg(feature = "grpc")]
+pub(crate) use config::DEFAULT_MAX_MESSAGE;
 pub use config::{DEFAULT_HEARTBEAT, MIN_HEARTBEAT, heartbeat_bound};
 pub(crate) use conn::staging_limit;
 pub(crate) use conn::{Conn, LendBuf, Link, OutFrame, send_control};

@@ -1,49 +1,10 @@
-//! Ours in gRPC's terms, for the face and the gateway alike: messages as
-//! their encoded bytes ([`RawCodec`]), metadata and statuses mapped key
-//! for key and code for code, and a `grpc-timeout` read as a duration.
+//! Ours in gRPC's terms, for the face and the gateway alike: metadata and
+//! statuses mapped key for key and code for code, and a `grpc-timeout`
+//! read as a duration.
 
 use crate::{Metadata, Status};
-use prost::bytes::{Buf, BufMut, Bytes};
+use prost::bytes::Bytes;
 use std::time::Duration;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-
-/// The bytes of a gRPC message, passed on as they are.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
 
 /// A gRPC request's metadata as ours; keys ours refuses are left out.
 pub(super) fn metadata_from_grpc(map: &tonic::metadata::MetadataMap) -> Metadata {

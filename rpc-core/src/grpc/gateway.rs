@@ -1,19 +1,28 @@
 //! The gateway of `grpc://` URLs: an in-process server, one per process,
 //! whose fallback passes every call of our clients on to the gRPC server
-//! its metadata names, over one tonic channel per server and TLS settings.
+//! its metadata names, over one tonic channel (HTTP/2 connection) per
+//! server and TLS settings. The gRPC framing is ours (`framing`), so that
+//! each message keeps its compressed flag both ways: a message our client
+//! compressed goes compressed, in the same encoding, and one the server
+//! compressed reaches our client compressed as it (and its `Response` or
+//! `Streaming` names the encoding), if our client takes that encoding.
 
-use super::codec::{RawCodec, from_grpc, metadata_from_grpc, metadata_to_grpc};
-use super::relay::{HoldEnd, UntilFailed};
+use super::codec::{from_grpc, metadata_from_grpc, metadata_to_grpc};
+use super::framing::{Frames, Messages, status_of, timeout_value};
 use super::runtime;
+use crate::compression::{ACCEPT_ENCODING, ENCODING, Encoding, EncodingSet};
 use crate::descriptor::ServiceDescriptor;
-use crate::{RawMessage, Request, Response, Status, Streaming};
+use crate::{
+    Code, CompressionSwitch, Metadata, RawMessage, Request, Response, Status, Streaming, Trailers,
+};
 use futures_core::Stream;
 use prost::bytes::Bytes;
 use std::collections::HashMap;
-use std::future::Future;
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 /// The process's gRPC gateway for `grpc://` clients: an in-process server
 /// whose fallback service passes every call on to the gRPC server its
@@ -130,89 +139,352 @@ impl Forward {
     }
 }
 
-/// A call as tonic sends it: our metadata (the gateway's keys left out),
-/// and what is left of our deadline.
-fn to_tonic<T, U>(request: Request<T>, f: impl FnOnce(T) -> U) -> tonic::Request<U> {
-    let deadline = request.deadline();
-    let mut metadata = request.metadata().clone();
-    for key in [
-        crate::conventions::GATEWAY_TARGET,
-        crate::conventions::GATEWAY_PATH,
-        crate::conventions::GATEWAY_TLS,
-        crate::conventions::FALLBACK_KIND,
-    ] {
-        metadata.remove(key);
+/// What a call through the gateway is sent to: the channel to the gRPC
+/// server, the method's path, and the encodings our client takes back.
+struct Target {
+    channel: Result<tonic::transport::Channel, Status>,
+    path: http::uri::PathAndQuery,
+    accepts: EncodingSet,
+    /// The largest message the gateway inflates (the limit of what it
+    /// can send our client anyway).
+    max: usize,
+}
+
+/// A gRPC server's answer: its headers as metadata, and its messages.
+struct Answer {
+    metadata: Metadata,
+    messages: FromServer,
+}
+
+impl Target {
+    /// Sends a call: its head (our metadata, gateway keys left out; what is
+    /// left of its deadline; `declared`, the encoding its compressed
+    /// messages are in) and its body; waits for the server's headers.
+    async fn send(
+        self,
+        mut metadata: Metadata,
+        deadline: Option<Instant>,
+        declared: Option<Encoding>,
+        body: RequestBody,
+    ) -> Result<Answer, Status> {
+        let mut channel = self.channel?;
+        for key in [
+            crate::conventions::GATEWAY_TARGET,
+            crate::conventions::GATEWAY_PATH,
+            crate::conventions::GATEWAY_TLS,
+            crate::conventions::GATEWAY_ENCODING,
+            crate::conventions::FALLBACK_KIND,
+        ] {
+            metadata.remove(key);
+        }
+        let mut request = http::Request::new(tonic::body::Body::new(body));
+        *request.method_mut() = http::Method::POST;
+        *request.version_mut() = http::Version::HTTP_2;
+        *request.uri_mut() = http::Uri::from(self.path);
+        let headers = request.headers_mut();
+        *headers = metadata_to_grpc(&metadata).into_headers();
+        let text = http::HeaderValue::from_static;
+        headers.insert(http::header::CONTENT_TYPE, text("application/grpc"));
+        headers.insert(http::header::TE, text("trailers"));
+        headers.insert(
+            http::header::USER_AGENT,
+            text(concat!("rdma-rpc/", env!("CARGO_PKG_VERSION"))),
+        );
+        if let Some(at) = deadline {
+            let left = at.saturating_duration_since(Instant::now());
+            if let Ok(v) = http::HeaderValue::try_from(timeout_value(left)) {
+                headers.insert("grpc-timeout", v);
+            }
+        }
+        if let Some(e) = declared {
+            headers.insert(ENCODING, text(e.as_str()));
+        }
+        if !self.accepts.is_empty() {
+            if let Ok(v) = http::HeaderValue::try_from(self.accepts.header_value()) {
+                headers.insert(ACCEPT_ENCODING, v);
+            }
+        }
+        use tonic::codegen::Service;
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
+            .await
+            .map_err(|e| transport_status(&e))?;
+        let response = channel
+            .call(request)
+            .await
+            .map_err(|e| transport_status(&e))?;
+        let (parts, body) = response.into_parts();
+        if parts.status != http::StatusCode::OK {
+            return Err(http_status(parts.status));
+        }
+        // Trailers-only: the status in the headers, and nothing else.
+        let ended = match status_of(&parts.headers) {
+            Some(status) if status.code() != Code::Ok => return Err(status),
+            Some(status) => Some(status.metadata().cloned().unwrap_or_default()),
+            None => None,
+        };
+        let encoding = match parts.headers.get(ENCODING).map(|v| v.to_str()) {
+            None | Some(Ok("identity")) => None,
+            Some(name) => {
+                let name = name.unwrap_or("(not text)");
+                match Encoding::from_name(name).filter(|e| self.accepts.contains(*e)) {
+                    Some(e) => Some(e),
+                    None => {
+                        return Err(Status::internal(format!(
+                            "the gRPC server answered in grpc-encoding {name}, which was not \
+                             offered ({})",
+                            self.accepts.header_value()
+                        )));
+                    }
+                }
+            }
+        };
+        let on_error: fn(tonic::Status) -> Status = from_grpc;
+        Ok(Answer {
+            metadata: metadata_from_grpc(&tonic::metadata::MetadataMap::from_headers(
+                parts.headers,
+            )),
+            messages: FromServer {
+                messages: Messages::new(body, encoding, self.max, on_error),
+                max: self.max,
+                ended,
+                trailers: Trailers::new(),
+            },
+        })
     }
-    let mut out = tonic::Request::new(f(request.into_inner()));
-    *out.metadata_mut() = metadata_to_grpc(&metadata);
-    if let Some(at) = deadline {
-        out.set_timeout(at.saturating_duration_since(std::time::Instant::now()));
+}
+
+/// A transport error of tonic's channel as a status: the deadline
+/// (tonic's own timer for `grpc-timeout`), or an unreachable server.
+fn transport_status(error: &(dyn std::error::Error + 'static)) -> Status {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return Status::deadline_exceeded(format!("gRPC call: {error}"));
+        }
+        source = e.source();
     }
-    out
+    let mut why = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        why = format!("{why}: {e}");
+        source = e.source();
+    }
+    Status::unavailable(format!("gRPC server: {why}"))
 }
 
-/// Our client's request stream, as the gateway sends it to a gRPC server.
-fn to_server(
-    stream: Streaming<RawMessage>,
-) -> UntilFailed<Streaming<RawMessage>, fn(RawMessage) -> Bytes> {
-    UntilFailed::new(stream, |m| Bytes::from(m.0), HoldEnd::No)
+/// A response whose HTTP status is not 200, as gRPC maps it
+/// (`doc/http-grpc-status-mapping.md`).
+fn http_status(status: http::StatusCode) -> Status {
+    let code = match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502 | 503 | 504 => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    Status::new(code, format!("the gRPC server answered HTTP {status}"))
 }
 
-/// tonic's response as ours.
-fn from_tonic<T, U>(response: tonic::Response<T>, f: impl FnOnce(T) -> U) -> Response<U> {
-    let metadata = metadata_from_grpc(response.metadata());
-    Response::from_parts(metadata, f(response.into_inner()))
+/// A request's body as the gateway sends it: each message of our
+/// client's, compressed again in the declared encoding if it came
+/// compressed (our side inflated it), then the end. A request stream
+/// that fails (our client cancelled) does not end the body: the call is
+/// dropped, which resets it.
+struct RequestBody {
+    frames: Frames,
+    stream: Option<Streaming<RawMessage>>,
+    declared: Option<Encoding>,
+    failed: bool,
 }
 
-/// A gRPC server's response stream, as our handler returns it; at its
-/// clean end, the server's trailing metadata goes into `trailers`.
+impl RequestBody {
+    /// A message as the server gets it: compressed in the declared
+    /// encoding if it `arrived` compressed (and there is one).
+    fn push(&mut self, message: RawMessage, arrived: Option<Encoding>) {
+        match self.declared.filter(|_| arrived.is_some()) {
+            Some(e) => self.frames.push(e.compress(&message.0).into(), true),
+            None => self.frames.push(message.0.into(), false),
+        }
+    }
+
+    /// The body of a unary or server-streaming call: one message.
+    fn one(message: RawMessage, arrived: Option<Encoding>) -> RequestBody {
+        let mut body = RequestBody {
+            frames: Frames::default(),
+            stream: None,
+            declared: arrived,
+            failed: false,
+        };
+        body.push(message, arrived);
+        body
+    }
+
+    /// The body of a call with a request stream.
+    fn stream(stream: Streaming<RawMessage>, declared: Option<Encoding>) -> RequestBody {
+        RequestBody {
+            frames: Frames::default(),
+            stream: Some(stream),
+            declared,
+            failed: false,
+        }
+    }
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        // What our client's stream has sent at once goes in one frame.
+        while let Some(stream) = this.stream.as_mut().filter(|_| !this.failed) {
+            if this.frames.full() {
+                break;
+            }
+            match Pin::new(&mut *stream).poll_next(cx) {
+                Poll::Ready(Some(Ok(message))) => {
+                    let arrived = stream.message_encoding();
+                    this.push(message, arrived);
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    tracing::debug!(%status, "request stream failed");
+                    this.failed = true;
+                }
+                Poll::Ready(None) => this.stream = None,
+                Poll::Pending => break,
+            }
+        }
+        if let Some(data) = this.frames.next() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+        }
+        if this.failed || this.stream.is_some() {
+            return Poll::Pending;
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.stream.is_none() && !self.failed
+    }
+}
+
+/// A message from a gRPC server, inflated, and the encoding it came in.
+type Arrived = (RawMessage, Option<Encoding>);
+
+/// A gRPC server's response messages, inflated (our side compresses them
+/// again for our client, as [`FromServer::switch`] says), then its status;
+/// at a clean end, the server's trailing metadata goes into `trailers`.
 struct FromServer {
-    stream: tonic::Streaming<Bytes>,
-    trailers: crate::Trailers,
+    messages: Messages<tonic::body::Body>,
+    max: usize,
+    /// The metadata of a trailers-only success: the stream ended so.
+    ended: Option<Metadata>,
+    trailers: Trailers,
 }
 
 impl FromServer {
-    /// The handler's response for `stream`.
-    fn response(reply: tonic::Response<tonic::Streaming<Bytes>>) -> Response<FromServer> {
-        let trailers = crate::Trailers::new();
-        from_tonic(reply, |stream| FromServer {
-            stream,
-            trailers: trailers.clone(),
+    /// The next message and the encoding it came in; the end, or the
+    /// call's error status.
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Arrived, Status>>> {
+        if let Some(metadata) = self.ended.take() {
+            self.trailers.insert_all(&metadata);
+            return Poll::Ready(None);
+        }
+        let next = std::task::ready!(Pin::new(&mut self.messages).poll_next(cx));
+        Poll::Ready(match next {
+            Some(Ok(packed)) => Some(match packed.encoding {
+                Some(e) => e
+                    .decompress(&packed.bytes, self.max)
+                    .map(|m| (RawMessage(m), Some(e))),
+                None => Ok((RawMessage(packed.bytes.to_vec()), None)),
+            }),
+            Some(Err(status)) => Some(Err(status)),
+            None => match self.messages.take_trailers().as_ref().and_then(status_of) {
+                Some(status) if status.code() == Code::Ok => {
+                    self.trailers
+                        .insert_all(&status.metadata().cloned().unwrap_or_default());
+                    None
+                }
+                Some(status) => Some(Err(status)),
+                None => Some(Err(Status::internal(
+                    "the gRPC server's response ended without a status",
+                ))),
+            },
         })
-        .with_trailers(trailers)
+    }
+
+    /// The one message of a unary or client-streaming call's answer, with
+    /// the encoding it came in and the server's trailing metadata.
+    async fn only(mut self) -> Result<(RawMessage, Option<Encoding>, Metadata), Status> {
+        let mut only = None;
+        while let Some(next) = std::future::poll_fn(|cx| self.poll_message(cx)).await {
+            if only.replace(next?).is_some() {
+                return Err(Status::internal(
+                    "the gRPC server sent more than one response",
+                ));
+            }
+        }
+        let (message, encoding) =
+            only.ok_or_else(|| Status::internal("the gRPC server sent no response"))?;
+        Ok((message, encoding, self.trailers.get()))
     }
 }
 
-impl Stream for FromServer {
+/// A gRPC server's response stream, as our handler returns it: each
+/// message compressed again for our client as it came (through `switch`).
+struct ResponseStream {
+    from: FromServer,
+    switch: CompressionSwitch,
+}
+
+impl Stream for ResponseStream {
     type Item = Result<RawMessage, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let next = Pin::new(&mut self.stream).poll_next(cx);
-        if let Poll::Ready(None) = next {
-            // Read with the end of the body: ready at once.
-            let this = &mut *self;
-            let mut trailers = std::pin::pin!(this.stream.trailers());
-            if let Poll::Ready(Ok(Some(map))) = trailers.as_mut().poll(cx) {
-                this.trailers.insert_all(&metadata_from_grpc(&map));
+        let this = &mut *self;
+        Poll::Ready(match std::task::ready!(this.from.poll_message(cx)) {
+            Some(Ok((message, encoding))) => {
+                // Read as the message is encoded, right after this.
+                this.switch.set(encoding);
+                Some(Ok(message))
             }
-        }
-        next.map(|m| m.map(|m| m.map(|b| RawMessage(b.to_vec())).map_err(from_grpc)))
+            Some(Err(status)) => Some(Err(status)),
+            None => None,
+        })
     }
 }
 
-/// A tonic client of `channel`, once it can send (connected); a channel
-/// that could not be made fails the call with its status, whatever its
-/// kind.
-async fn ready(
-    channel: Result<tonic::transport::Channel, Status>,
-) -> Result<tonic::client::Grpc<tonic::transport::Channel>, Status> {
-    let mut grpc = tonic::client::Grpc::new(channel?)
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
-    grpc.ready()
-        .await
-        .map_err(|e| Status::unavailable(format!("gRPC server: {e}")))?;
-    Ok(grpc)
+/// The answer to a unary or client-streaming call, as our handler returns
+/// it: the server's headers and trailing metadata, its message compressed
+/// again as it came.
+async fn one_answer(answer: Answer) -> Result<Response<RawMessage>, Status> {
+    let Answer {
+        mut metadata,
+        messages,
+    } = answer;
+    let (message, encoding, trailing) = messages.only().await?;
+    for (key, value) in trailing.iter() {
+        // Keys were checked when `trailing` took them.
+        let _ = metadata.insert_bin(key, value);
+    }
+    Ok(Response::from_parts(metadata, message).send_compressed(encoding))
+}
+
+/// The answer to a call with a response stream, as our handler returns it.
+fn stream_answer(answer: Answer) -> Response<ResponseStream> {
+    let trailers = answer.messages.trailers.clone();
+    let switch = CompressionSwitch::new(None);
+    let stream = ResponseStream {
+        from: answer.messages,
+        switch: switch.clone(),
+    };
+    Response::from_parts(answer.metadata, stream)
+        .with_compression_switch(switch)
+        .with_trailers(trailers)
 }
 
 impl crate::Service for Forward {
@@ -230,50 +502,56 @@ impl crate::Service for Forward {
             .and_then(|p| http::uri::PathAndQuery::try_from(p).ok());
         let kind = md.get(crate::conventions::FALLBACK_KIND).map(str::to_owned);
         let tls = md.get(crate::conventions::GATEWAY_TLS).map(str::to_owned);
+        // What a request stream's compressed messages are in: the
+        // channel's setting, named before any comes.
+        let send = md
+            .get(crate::conventions::GATEWAY_ENCODING)
+            .and_then(Encoding::from_name);
         let (Some(target), Some(path), Some(kind)) = (target, path, kind) else {
             return call.unimplemented();
         };
-        let channel = self.channel(&target, tls.as_deref());
+        let to = Target {
+            channel: self.channel(&target, tls.as_deref()),
+            path,
+            accepts: call.caller_accepts(),
+            max: crate::dispatch::DEFAULT_MAX_MESSAGE,
+        };
         match kind.as_str() {
-            // A cancel by our caller drops the handler, and with it tonic's
-            // call, which resets its HTTP/2 stream.
+            // A cancel by our caller drops the handler, and with it the
+            // HTTP/2 call, which resets its stream.
             "unary" => call.unary_async(move |r: Request<RawMessage>| async move {
-                let mut grpc = ready(channel).await?;
-                let request = to_tonic(r, |m| Bytes::from(m.0));
-                let reply = grpc
-                    .unary(request, path, RawCodec)
-                    .await
-                    .map_err(from_grpc)?;
-                Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
+                let (arrived, deadline) = (r.message_encoding(), r.deadline());
+                let metadata = r.metadata().clone();
+                let message = r.into_inner();
+                let body = RequestBody::one(message, arrived);
+                one_answer(to.send(metadata, deadline, arrived, body).await?).await
             }),
             "server" => call.server_streaming(move |r: Request<RawMessage>| async move {
-                let mut grpc = ready(channel).await?;
-                let request = to_tonic(r, |m| Bytes::from(m.0));
-                let reply = grpc
-                    .server_streaming(request, path, RawCodec)
-                    .await
-                    .map_err(from_grpc)?;
-                Ok(FromServer::response(reply))
+                let (arrived, deadline) = (r.message_encoding(), r.deadline());
+                let metadata = r.metadata().clone();
+                let message = r.into_inner();
+                let body = RequestBody::one(message, arrived);
+                Ok(stream_answer(
+                    to.send(metadata, deadline, arrived, body).await?,
+                ))
             }),
             "client" => {
                 call.client_streaming(move |r: Request<Streaming<RawMessage>>| async move {
-                    let mut grpc = ready(channel).await?;
-                    let request = to_tonic(r, to_server);
-                    let reply = grpc
-                        .client_streaming(request, path, RawCodec)
-                        .await
-                        .map_err(from_grpc)?;
-                    Ok(from_tonic(reply, |b| RawMessage(b.to_vec())))
+                    let deadline = r.deadline();
+                    let metadata = r.metadata().clone();
+                    let stream = r.into_inner();
+                    let body = RequestBody::stream(stream, send);
+                    one_answer(to.send(metadata, deadline, send, body).await?).await
                 })
             }
             _ => call.streaming(move |r: Request<Streaming<RawMessage>>| async move {
-                let mut grpc = ready(channel).await?;
-                let request = to_tonic(r, to_server);
-                let reply = grpc
-                    .streaming(request, path, RawCodec)
-                    .await
-                    .map_err(from_grpc)?;
-                Ok(FromServer::response(reply))
+                let deadline = r.deadline();
+                let metadata = r.metadata().clone();
+                let stream = r.into_inner();
+                let body = RequestBody::stream(stream, send);
+                Ok(stream_answer(
+                    to.send(metadata, deadline, send, body).await?,
+                ))
             }),
         }
     }

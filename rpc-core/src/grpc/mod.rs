@@ -2,13 +2,13 @@
 //! over HTTP/2 beside its own URL, for callers that speak gRPC: [`face`])
 //! and the gateway of `grpc://` URLs, our clients calling a standard gRPC
 //! server ([`gateway()`]). What both use sits below either: `codec`
-//! (messages as their bytes, metadata and statuses as gRPC's) and `relay`
-//! (request streams passed on to the other side).
+//! (metadata and statuses as gRPC's) and `framing` (gRPC's messages on
+//! HTTP/2, each with its compressed flag).
 
 mod codec;
 pub(crate) mod face;
+mod framing;
 pub(crate) mod gateway;
-mod relay;
 
 use crate::Status;
 

@@ -532,6 +532,12 @@ impl ServerCall {
         }
     }
 
+    /// The encodings the caller takes back (its `Request` named them).
+    #[cfg(feature = "grpc")]
+    pub(crate) fn caller_accepts(&self) -> EncodingSet {
+        EncodingSet::from_flags(self.flags)
+    }
+
     pub(super) fn reply_err(mut self, status: &Status) {
         self.answer_err(status);
     }

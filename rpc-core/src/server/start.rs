@@ -206,11 +206,12 @@ fn call_service(service: &dyn Service, call: ServerCall) {
 
 #[cfg(feature = "grpc")]
 impl ServerShared {
-    /// The id and kind of the method at `path`, if the server has it.
-    pub(crate) fn method(&self, path: &str) -> Option<(u32, MethodKind)> {
+    /// The id, kind and compression settings of the method at `path`, if
+    /// the server has it.
+    pub(crate) fn method(&self, path: &str) -> Option<(u32, MethodKind, crate::CompressionConfig)> {
         let id = crate::descriptor::method_id(path);
         let route = self.routes.get(&id).filter(|r| r.path == path)?;
-        Some((id, route.kind))
+        Some((id, route.kind, route.compression))
     }
 
     /// The largest message the server accepts.

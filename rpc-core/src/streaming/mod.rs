@@ -29,6 +29,8 @@ pub(crate) use crate::cancel::Signal;
 pub(crate) use crate::dispatch::{Link, send_control};
 pub(crate) use opening::{CallOwner, Opening, StreamParts};
 pub(crate) use outbox::Outbox;
+#[cfg(feature = "grpc")]
+pub(crate) use outbox::Packed;
 pub(crate) use producer::{Producer, Pump, RequestPump, StreamEnd};
 pub use sender::{IntoStreamingRequest, RequestSender};
 pub(crate) use state::StreamCore;
@@ -95,6 +97,9 @@ pub struct Streaming<T> {
     /// A server's request stream: its peer sends no initial metadata
     /// (the call's is the `Request`'s).
     requests: bool,
+    /// Messages are returned as they arrived, compressed or not
+    /// ([`Streaming::keeping_packed`]).
+    keep_packed: bool,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -128,6 +133,7 @@ impl<T> Streaming<T> {
             cancelled: false,
             finished: false,
             requests: false,
+            keep_packed: false,
             _t: PhantomData,
         }
     }
@@ -135,6 +141,15 @@ impl<T> Streaming<T> {
     /// This as a server's request stream (see [`Streaming::initial_metadata`]).
     pub(crate) fn of_requests(mut self) -> Streaming<T> {
         self.requests = true;
+        self
+    }
+
+    /// Returns messages as they arrived, compressed or not (in the
+    /// encoding [`Streaming::message_encoding`] names): the gRPC face
+    /// passes them on so.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn keeping_packed(mut self) -> Streaming<T> {
+        self.keep_packed = true;
         self
     }
 
@@ -171,6 +186,10 @@ impl<T> Streaming<T> {
     /// `message`, from a frame whose header had `flags`, inflated if it was
     /// compressed; an error ends the stream.
     fn inflate(&mut self, message: Bytes, flags: u16) -> Result<Bytes, Status> {
+        if self.keep_packed {
+            self.last_encoding = Encoding::from_flags(flags);
+            return Ok(message);
+        }
         let link = &self.link;
         match crate::compression::unpack(flags, &message, self.accept, || link.max_message()) {
             Ok(Some((inflated, encoding))) => {

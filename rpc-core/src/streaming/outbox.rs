@@ -123,7 +123,31 @@ impl Outbox {
         let encoding = self.compression.now();
         // Compressed before the window is asked for (a message that must
         // wait is compressed again when pushed again).
-        let out = Outgoing::new(message, encoding);
+        self.poll_push_out(cx, Outgoing::new(message, encoding), encoding)
+    }
+
+    /// [`Outbox::poll_push`] for a message whose bytes are ready, in
+    /// `encoding` or as they are: passed on without this outbox's policy.
+    #[cfg(feature = "grpc")]
+    fn poll_push_ready(
+        &mut self,
+        cx: &mut Context<'_>,
+        bytes: &[u8],
+        encoding: Option<Encoding>,
+    ) -> Poll<Result<(), Status>> {
+        self.poll_push_out(
+            cx,
+            Outgoing::<crate::RawMessage>::Packed(bytes.into()),
+            encoding,
+        )
+    }
+
+    fn poll_push_out<M: prost::Message>(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: Outgoing<'_, M>,
+        encoding: Option<Encoding>,
+    ) -> Poll<Result<(), Status>> {
         let len = out.len();
         let alone = self.lent.is_some() || len > MAX_BATCH;
         let other_encoding = self.count > 0 && self.pending_encoding != encoding;
@@ -315,5 +339,44 @@ impl Outbox {
             return Ok(());
         }
         send_control(&*self.link, FrameKind::HalfClose, self.call_id, 0)
+    }
+}
+
+/// What an [`Outbox`] sends: a message, encoded (and compressed, as the
+/// outbox's policy says) as it goes, or a [`Packed`] one.
+pub(crate) trait Outbound {
+    /// Pushes this into `outbox` ([`Outbox::poll_push`]).
+    fn poll_push_into(&self, cx: &mut Context<'_>, outbox: &mut Outbox)
+    -> Poll<Result<(), Status>>;
+}
+
+impl<M: prost::Message> Outbound for M {
+    fn poll_push_into(
+        &self,
+        cx: &mut Context<'_>,
+        outbox: &mut Outbox,
+    ) -> Poll<Result<(), Status>> {
+        outbox.poll_push(cx, self)
+    }
+}
+
+/// A message's bytes as they arrived from elsewhere, compressed in
+/// `encoding` or as they are, passed on as they are: a gRPC caller's
+/// request stream, through the face to its handler, which inflates it.
+#[cfg(feature = "grpc")]
+#[derive(Debug)]
+pub(crate) struct Packed {
+    pub(crate) bytes: prost::bytes::Bytes,
+    pub(crate) encoding: Option<Encoding>,
+}
+
+#[cfg(feature = "grpc")]
+impl Outbound for Packed {
+    fn poll_push_into(
+        &self,
+        cx: &mut Context<'_>,
+        outbox: &mut Outbox,
+    ) -> Poll<Result<(), Status>> {
+        outbox.poll_push_ready(cx, &self.bytes, self.encoding)
     }
 }

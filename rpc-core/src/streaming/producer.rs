@@ -3,7 +3,7 @@
 //! budget per poll, and tells how it ended ([`StreamEnd`]); [`Pump`] and
 //! [`RequestPump`] do that for a client's request stream.
 
-use super::outbox::Outbox;
+use super::outbox::{Outbound, Outbox};
 use crate::Status;
 use futures_core::Stream;
 use std::pin::Pin;
@@ -35,7 +35,7 @@ pub(crate) struct Producer<M> {
     end: Option<StreamEnd>,
 }
 
-impl<M: prost::Message> Producer<M> {
+impl<M: Outbound> Producer<M> {
     pub(crate) fn new() -> Producer<M> {
         Producer {
             next: None,
@@ -111,7 +111,7 @@ impl<M: prost::Message> Producer<M> {
                     }
                 },
             };
-            match outbox.poll_push(cx, &message) {
+            match message.poll_push_into(cx, outbox) {
                 Poll::Ready(Ok(())) => budget -= 1,
                 Poll::Ready(Err(status)) => return Poll::Ready(stopped(status, outbox)),
                 Poll::Pending => {
@@ -145,7 +145,7 @@ pub(crate) trait Pump: Send {
 }
 
 /// A stream of messages as a stream of `Ok` messages.
-struct Oks<S>(Pin<Box<S>>);
+pub(crate) struct Oks<S>(Pin<Box<S>>);
 
 impl<S: Stream> Stream for Oks<S> {
     type Item = Result<S::Item, Status>;
@@ -155,22 +155,35 @@ impl<S: Stream> Stream for Oks<S> {
     }
 }
 
-/// A client's request stream, sent as it yields.
-pub(crate) struct RequestPump<S: Stream> {
-    stream: Oks<S>,
+/// A client's request stream, sent as it yields: a stream of messages, or
+/// of results whose error fails the call ([`RequestPump::fallible`]).
+pub(crate) struct RequestPump<S, M> {
+    stream: S,
     outbox: Outbox,
-    producer: Producer<S::Item>,
+    producer: Producer<M>,
     done: bool,
 }
 
-impl<S> RequestPump<S>
+impl<T> RequestPump<Oks<T>, T::Item>
 where
-    S: Stream + Send + 'static,
-    S::Item: prost::Message,
+    T: Stream + Send + 'static,
+    T::Item: Outbound,
 {
-    pub(crate) fn new(stream: S, outbox: Outbox) -> RequestPump<S> {
+    pub(crate) fn new(stream: T, outbox: Outbox) -> RequestPump<Oks<T>, T::Item> {
+        RequestPump::fallible(Oks(Box::pin(stream)), outbox)
+    }
+}
+
+impl<S, M> RequestPump<S, M>
+where
+    S: Stream<Item = Result<M, Status>> + Send + Unpin + 'static,
+    M: Outbound,
+{
+    /// A request stream whose error fails the call with it (a gRPC
+    /// caller's message that breaks gRPC's framing, on the face).
+    pub(crate) fn fallible(stream: S, outbox: Outbox) -> RequestPump<S, M> {
         RequestPump {
-            stream: Oks(Box::pin(stream)),
+            stream,
             outbox,
             producer: Producer::new(),
             done: false,
@@ -178,10 +191,10 @@ where
     }
 }
 
-impl<S> Pump for RequestPump<S>
+impl<S, M> Pump for RequestPump<S, M>
 where
-    S: Stream + Send + 'static,
-    S::Item: prost::Message + Send,
+    S: Stream<Item = Result<M, Status>> + Send + Unpin + 'static,
+    M: Outbound + Send,
 {
     fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.done {

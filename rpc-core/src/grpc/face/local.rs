@@ -4,16 +4,17 @@
 //! same stream state a connection's frames reach, and cancelled on the
 //! server when the face lets go of it early ([`FaceOwner`]).
 
+use crate::compression::{Encoding, EncodingSet};
 use crate::descriptor::MethodKind;
 use crate::dispatch::{Frame, OutFrame};
 use crate::protocol::stream::DEFAULT_WINDOW;
 use crate::protocol::{CallId, FrameKind, SendError};
 use crate::server::{NewCall, Registry, ServerShared};
-use crate::streaming::{CallOwner, Link, Outbox, Pump, StreamCore};
+use crate::streaming::{CallOwner, Link, Outbox, Packed, Pump, StreamCore};
 use crate::{Metadata, Peer, RawMessage, Status, Streaming};
 use prost::bytes::Bytes;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The server as the face calls it: each gRPC call is started on the
@@ -45,8 +46,10 @@ pub(super) struct Started {
 impl Started {
     /// The stream of what the handler sends; `pump` sends the caller's
     /// request stream.
+    /// Its messages come as the handler sent them, compressed or not: the
+    /// face passes them on so.
     pub(super) fn stream(self, pump: Option<Box<dyn Pump>>) -> Streaming<RawMessage> {
-        Streaming::new(self.core, self.link, self.call_id, Some(self.owner), pump)
+        Streaming::new(self.core, self.link, self.call_id, Some(self.owner), pump).keeping_packed()
     }
 
     /// The outbox of the caller's request stream.
@@ -57,26 +60,32 @@ impl Started {
 
 impl Local {
     /// Starts a call of the method `method_id` (of `kind`) with the
-    /// request `first` (unary and server-streaming calls).
+    /// request `first` (unary and server-streaming calls), as it arrived
+    /// (compressed or not: the handler inflates it), for a caller that
+    /// takes back what `caller_accepts` names.
     pub(super) fn start(
         self: &Arc<Self>,
         method_id: u32,
         kind: MethodKind,
         head: Head,
-        first: Option<Bytes>,
+        first: Option<Packed>,
+        caller_accepts: EncodingSet,
     ) -> Started {
         let call_id = CallId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let core = StreamCore::new(DEFAULT_WINDOW, kind.server_streams());
         let max_message = self.shared.max_message();
+        let settled = Arc::new(AtomicBool::new(false));
         let to_face: Arc<dyn Link> = Arc::new(LocalLink {
             remote: head.remote.clone(),
             max_message,
             to: To::Face {
                 core: core.clone(),
                 final_message: !kind.server_streams(),
+                settled: settled.clone(),
             },
         });
         let timeout_us = crate::protocol::timeout_field(head.timeout);
+        let (payload, encoding) = first.map_or((Bytes::new(), None), |m| (m.bytes, m.encoding));
         self.shared.start_call_on_tokio(
             &self.registry,
             NewCall {
@@ -85,19 +94,19 @@ impl Local {
                 method_id,
                 timeout_us,
                 metadata: Some(head.metadata),
-                payload: first.map(Vec::from).unwrap_or_default().into(),
+                payload: Vec::from(payload).into(),
                 sink: to_face,
                 remote: &head.remote,
                 kind: None,
-                // tonic's side inflates what arrives and sends messages as
-                // they are: nothing compressed crosses to the handler, and
-                // the handler sends nothing compressed back.
-                flags: 0,
+                // As a `Request` frame says them: the message's encoding
+                // and what the caller takes back.
+                flags: encoding.map_or(0, Encoding::flags) | caller_accepts.flags(),
             },
         );
         let owner = Arc::new(FaceOwner {
             local: self.clone(),
             core: core.clone(),
+            settled,
         });
         // gRPC leaves a deadline to the server: a caller (tonic's, say)
         // that set one waits for the status that ends the call by it. A
@@ -169,6 +178,8 @@ enum To {
     Face {
         core: Arc<StreamCore>,
         final_message: bool,
+        /// Set once the handler's end came (or the face cancelled it).
+        settled: Arc<AtomicBool>,
     },
     /// What the caller sends after its request (stream messages,
     /// half-close, window), to the server's end of the call: as a
@@ -224,7 +235,13 @@ impl Link for LocalLink {
             To::Face {
                 core,
                 final_message,
-            } => LocalLink::to_face(core, *final_message, frame),
+                settled,
+            } => {
+                if matches!(frame.header.kind, FrameKind::Response | FrameKind::Error) {
+                    settled.store(true, Ordering::Release);
+                }
+                LocalLink::to_face(core, *final_message, frame)
+            }
             To::Handler(local) => local
                 .registry
                 .on_call_frame(FACE_QP, frame)
@@ -254,16 +271,22 @@ impl Link for LocalLink {
 struct FaceOwner {
     local: Arc<Local>,
     core: Arc<StreamCore>,
+    /// The handler's end came, or it was cancelled: nothing to cancel.
+    settled: Arc<AtomicBool>,
 }
 
 impl FaceOwner {
     /// Ends a call not yet over with `status` (the face's caller sees it)
-    /// and cancels its handler.
+    /// and cancels its handler, unless it ended. (The face's end of the
+    /// call may have failed on its own, for a caller's message that broke
+    /// gRPC's framing: its handler is cancelled all the same.)
     fn end(&self, call_id: CallId, status: Status) {
-        if self.core.end_code().is_some() {
+        if self.core.end_code().is_none() {
+            self.core.fail(status);
+        }
+        if self.settled.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.core.fail(status);
         let cancel = OutFrame {
             kind: FrameKind::Cancel,
             flags: 0,

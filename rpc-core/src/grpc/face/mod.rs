@@ -1,6 +1,6 @@
 //! The gRPC face of a server ([`ServerBuilder::grpc`](crate::ServerBuilder::grpc)):
 //! standard gRPC over HTTP/2 on a TCP address, beside the server's own
-//! URL, served by tonic, for callers that speak gRPC (other languages,
+//! URL, over tonic's HTTP/2 server, for callers that speak gRPC (other languages,
 //! grpcurl, load balancers, Kubernetes probes).
 //!
 //! Every gRPC call is started on the server's own routes as a dispatcher
@@ -12,10 +12,12 @@
 //! Messages pass as their encoded bytes: nothing is decoded twice. The
 //! rdma:// and tcp:// paths do not change.
 //!
-//! Here: the face's listener, started and stopped with the server. tonic's
-//! side of its calls is in `service`, their way into the server in `local`.
+//! Here: the face's listener, started and stopped with the server. The
+//! gRPC side of its calls is in `service` (with `relay` for a caller's
+//! request stream), their way into the server in `local`.
 
 mod local;
+mod relay;
 mod service;
 
 use super::runtime;

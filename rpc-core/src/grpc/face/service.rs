@@ -1,15 +1,20 @@
-//! tonic's side of a face call: the one service every gRPC path reaches
+//! The face's side of a gRPC call: the one service every path reaches
 //! ([`Proxy`]), routed to the server's method and served as the kind of
-//! call it is; the request's head read as ours, and the response, its
-//! initial metadata and its trailers written as gRPC's.
+//! call it is. The request's head is read as ours and its messages as
+//! gRPC frames them, each with its compressed flag ([`Messages`]); the
+//! response, its initial metadata and its trailers are written as gRPC's,
+//! each message compressed as its handler sent it ([`ResponseBody`]).
+//! tonic's server does the HTTP/2 (and TLS); the framing is ours so that
+//! a compressed message crosses the face as it is, both ways.
 
 use super::local::{Head, Local};
+use super::relay::{HeldEnd, HoldEnd, UntilFailed};
+use crate::compression::{ACCEPT_ENCODING, ENCODING, Encoding, EncodingSet};
 use crate::descriptor::MethodKind;
-use crate::grpc::codec::{RawCodec, metadata_from_grpc, metadata_to_grpc, parse_timeout, to_grpc};
-use crate::grpc::relay::{HeldEnd, HoldEnd, UntilFailed};
-use crate::streaming::{Pump, RequestPump};
-use crate::{Peer, RawMessage, Streaming};
-use futures_core::Stream;
+use crate::grpc::codec::{metadata_from_grpc, metadata_to_grpc, parse_timeout, to_grpc};
+use crate::grpc::framing::{Frames, Messages, reencode, status_trailers};
+use crate::streaming::{Packed, Pump, RequestPump};
+use crate::{Metadata, Peer, RawMessage, Status, Streaming};
 use prost::bytes::Bytes;
 use std::convert::Infallible;
 use std::future::Future;
@@ -25,10 +30,13 @@ pub(super) struct Proxy {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A response as the face writes it.
+type HttpResponse = http::Response<tonic::body::Body>;
+
 impl tonic::codegen::Service<http::Request<axum::body::Body>> for Proxy {
-    type Response = http::Response<tonic::body::Body>;
+    type Response = HttpResponse;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+    type Future = BoxFuture<Result<HttpResponse, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -36,294 +44,340 @@ impl tonic::codegen::Service<http::Request<axum::body::Body>> for Proxy {
 
     fn call(&mut self, request: http::Request<axum::body::Body>) -> Self::Future {
         let local = self.local.clone();
-        Box::pin(async move {
-            let path = request.uri().path();
-            let Some((method_id, kind)) = local.shared.method(path) else {
-                let status = tonic::Status::unimplemented(format!("no method {path}"));
-                return Ok(status.into_http());
-            };
-            let max = local.shared.max_message();
-            let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max);
-            let call = Call {
-                local,
-                method_id,
-                kind,
-            };
-            let trailers = crate::Trailers::new();
-            let response = match kind {
-                MethodKind::Unary => return Ok(grpc.unary(call, request).await),
-                MethodKind::ClientStreaming => {
-                    return Ok(grpc.client_streaming(ClientStream(call), request).await);
-                }
-                MethodKind::ServerStreaming => {
-                    let call = ServerStream(call, trailers.clone());
-                    grpc.server_streaming(call, request).await
-                }
-                MethodKind::Streaming => {
-                    grpc.streaming(Bidi(call, trailers.clone()), request).await
-                }
-            };
-            // A stream's trailing metadata goes out with gRPC's status.
-            Ok(response.map(|body| tonic::body::Body::new(WithTrailers { body, trailers })))
-        })
+        Box::pin(async move { Ok(serve(local, request).await) })
     }
 }
 
-/// One gRPC call, started on the server's method `method_id`.
-#[derive(Clone)]
+/// A status as a trailers-only response.
+fn failed(status: tonic::Status) -> HttpResponse {
+    status.into_http()
+}
+
+/// Serves one gRPC call: routes it, reads its head and, for a unary or
+/// server-streaming call, its one message, starts it on the server, and
+/// answers as the kind of call it is.
+async fn serve(local: Arc<Local>, request: http::Request<axum::body::Body>) -> HttpResponse {
+    let path = request.uri().path();
+    let Some((method_id, kind, compression)) = local.shared.method(path) else {
+        return failed(tonic::Status::unimplemented(format!("no method {path}")));
+    };
+    let (parts, body) = request.into_parts();
+    let accepted = compression.accepts();
+    // gRPC's compression negotiation: what the caller's messages come in
+    // (refused with the list the server takes, as gRPC says), and what
+    // it takes back.
+    let encoding = match parts.headers.get(ENCODING).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok("identity")) => None,
+        Some(name) => {
+            let name = name.unwrap_or("(not text)");
+            match Encoding::from_name(name).filter(|e| accepted.contains(*e)) {
+                Some(e) => Some(e),
+                None => {
+                    let status = crate::compression::unsupported(name, accepted);
+                    let mut response = failed(to_grpc(status));
+                    if let Ok(v) = http::HeaderValue::try_from(accepted.header_value()) {
+                        response.headers_mut().insert(ACCEPT_ENCODING, v);
+                    }
+                    return response;
+                }
+            }
+        }
+    };
+    let caller_accepts = parts
+        .headers
+        .get(ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(EncodingSet::none, EncodingSet::parse);
+    let head = head(parts);
+    let max = local.shared.max_message();
+    let mut messages = Messages::new(body, encoding, max, |e: axum::Error| {
+        Status::cancelled(format!("the gRPC caller's request body failed: {e}"))
+    });
+    let call = Call {
+        local,
+        method_id,
+        kind,
+        caller_accepts,
+    };
+    // The encoding a response stream's compressed messages go in, named
+    // in its headers before any is sent: the server's, if the caller
+    // takes it, else the first the caller takes (a handler compresses
+    // only in one of those). A message in another is re-encoded.
+    let declared = compression
+        .send()
+        .filter(|e| caller_accepts.contains(*e))
+        .or_else(|| caller_accepts.iter().next());
+    let reply = Reply {
+        accepted,
+        declared,
+        max,
+    };
+    match kind {
+        MethodKind::Unary | MethodKind::ServerStreaming => {
+            let first = match messages.next().await {
+                Some(Ok(first)) => first,
+                Some(Err(status)) => return failed(to_grpc(status)),
+                None => return failed(tonic::Status::internal("the gRPC request has no message")),
+            };
+            let stream = call.start(head, Some(first), None);
+            if kind == MethodKind::Unary {
+                reply.answer(stream).await
+            } else {
+                reply.stream(stream, None).await
+            }
+        }
+        MethodKind::ClientStreaming => {
+            let requests = incoming(messages, HoldEnd::Alone);
+            reply.answer(call.start(head, None, Some(requests))).await
+        }
+        MethodKind::Streaming => {
+            let held = HeldEnd::default();
+            let requests = incoming(messages, HoldEnd::Told(held.clone()));
+            reply
+                .stream(call.start(head, None, Some(requests)), Some(held))
+                .await
+        }
+    }
+}
+
+/// A gRPC request's head as ours: its metadata, deadline and caller.
+fn head(parts: http::request::Parts) -> Head {
+    let request = tonic::Request::from_http(http::Request::from_parts(parts, ()));
+    let addr = request
+        .remote_addr()
+        .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+    // The name in a client's certificate, under mutual TLS.
+    #[cfg(feature = "tls")]
+    let identity = request
+        .peer_certs()
+        .and_then(|certs| certs.first().and_then(crate::fabric::tls::identity_of));
+    #[cfg(not(feature = "tls"))]
+    let identity = None;
+    let metadata = request.metadata();
+    let timeout = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_timeout);
+    Head {
+        metadata: metadata_from_grpc(metadata),
+        timeout,
+        remote: Arc::new(Peer {
+            addr,
+            fabric: "grpc",
+            identity,
+        }),
+    }
+}
+
+/// One gRPC call, to be started on the server's method `method_id`.
 struct Call {
     local: Arc<Local>,
     method_id: u32,
     kind: MethodKind,
+    /// The encodings the caller takes back (`grpc-accept-encoding`).
+    caller_accepts: EncodingSet,
 }
 
 impl Call {
-    /// Splits a gRPC request into our head and its message.
-    fn head<T>(request: tonic::Request<T>) -> (Head, T) {
-        let addr = request
-            .remote_addr()
-            .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
-        // The name in a client's certificate, under mutual TLS.
-        #[cfg(feature = "tls")]
-        let identity = request
-            .peer_certs()
-            .and_then(|certs| certs.first().and_then(crate::fabric::tls::identity_of));
-        #[cfg(not(feature = "tls"))]
-        let identity = None;
-        let (metadata, _, message) = request.into_parts();
-        let timeout = metadata
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_timeout);
-        let head = Head {
-            metadata: metadata_from_grpc(&metadata),
-            timeout,
-            remote: Arc::new(Peer {
-                addr,
-                fabric: "grpc",
-                identity,
-            }),
-        };
-        (head, message)
-    }
-
     /// Starts the call with the request `first` (unary and
-    /// server-streaming calls) or the caller's request stream.
+    /// server-streaming calls) or the caller's request stream; what the
+    /// handler sends comes back as it was sent, compressed or not.
     fn start(
         &self,
         head: Head,
-        first: Option<Bytes>,
+        first: Option<Packed>,
         requests: Option<Incoming>,
     ) -> Streaming<RawMessage> {
-        let started = self.local.start(self.method_id, self.kind, head, first);
+        let started = self
+            .local
+            .start(self.method_id, self.kind, head, first, self.caller_accepts);
         let pump =
-            requests.map(|r| Box::new(RequestPump::new(r, started.outbox())) as Box<dyn Pump>);
+            requests.map(|r| Box::new(RequestPump::fallible(r, started.outbox())) as Box<dyn Pump>);
         started.stream(pump)
     }
 }
 
-impl tonic::codegen::Service<tonic::Request<Bytes>> for Call {
-    type Response = tonic::Response<Bytes>;
-    type Error = tonic::Status;
-    type Future = BoxFuture<Result<Self::Response, tonic::Status>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), tonic::Status>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let (head, message) = Call::head(request);
-        let stream = self.start(head, Some(message), None);
-        Box::pin(answer(stream))
-    }
+/// How a call's response is written.
+#[derive(Clone, Copy)]
+struct Reply {
+    /// The encodings the server takes (its `grpc-accept-encoding`).
+    accepted: EncodingSet,
+    /// See `serve`: the encoding of a response stream's compressed messages.
+    declared: Option<Encoding>,
+    /// The largest message, inflated, the face re-encodes.
+    max: usize,
 }
 
-/// The one response of a unary or client-streaming call, with its
-/// metadata.
-async fn answer(
-    mut stream: Streaming<RawMessage>,
-) -> Result<tonic::Response<Bytes>, tonic::Status> {
-    let mut response = None;
-    loop {
-        match std::future::poll_fn(|cx| stream.poll_raw(cx)).await {
-            Some(Ok(message)) => {
-                if response.replace(message).is_some() {
-                    return Err(tonic::Status::internal(
-                        "the handler sent more than one response",
-                    ));
-                }
-            }
-            Some(Err(status)) => return Err(to_grpc(status)),
-            None => break,
+impl Reply {
+    /// The response's headers: `metadata`, and gRPC's own.
+    fn head(
+        &self,
+        metadata: &Metadata,
+        encoding: Option<Encoding>,
+        body: ResponseBody,
+    ) -> HttpResponse {
+        let mut response = http::Response::new(tonic::body::Body::new(body));
+        let headers = response.headers_mut();
+        *headers = metadata_to_grpc(metadata).into_headers();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        if let Some(e) = encoding {
+            headers.insert(ENCODING, http::HeaderValue::from_static(e.as_str()));
         }
+        if let Ok(v) = http::HeaderValue::try_from(self.accepted.header_value()) {
+            if !self.accepted.is_empty() {
+                headers.insert(ACCEPT_ENCODING, v);
+            }
+        }
+        response
     }
-    let message = response
-        .ok_or_else(|| tonic::Status::internal("the handler finished without a response"))?;
-    let mut out = tonic::Response::new(message);
-    *out.metadata_mut() = metadata_to_grpc(&stream.trailers().unwrap_or_default());
-    Ok(out)
+
+    /// The one response of a unary or client-streaming call, with its
+    /// metadata, in the encoding its handler sent it in.
+    async fn answer(self, mut stream: Streaming<RawMessage>) -> HttpResponse {
+        let mut response = None;
+        loop {
+            match std::future::poll_fn(|cx| stream.poll_raw(cx)).await {
+                Some(Ok(message)) => {
+                    if response
+                        .replace((message, stream.message_encoding()))
+                        .is_some()
+                    {
+                        return failed(tonic::Status::internal(
+                            "the handler sent more than one response",
+                        ));
+                    }
+                }
+                Some(Err(status)) => return failed(to_grpc(status)),
+                None => break,
+            }
+        }
+        let Some((message, encoding)) = response else {
+            return failed(tonic::Status::internal(
+                "the handler finished without a response",
+            ));
+        };
+        let mut body = ResponseBody {
+            frames: Frames::default(),
+            rest: None,
+            trailers: Some(status_trailers(Ok(Metadata::new()))),
+            reply: self,
+            held: None,
+        };
+        body.frames.push(message, encoding.is_some());
+        self.head(&stream.trailers().unwrap_or_default(), encoding, body)
+    }
+
+    /// A response stream, once its start is known: gRPC sends the initial
+    /// metadata before the first message, so this waits for it (the
+    /// handler sends it once it returned its stream); a stream that fails
+    /// before is a status.
+    async fn stream(
+        self,
+        mut stream: Streaming<RawMessage>,
+        held: Option<HeldEnd>,
+    ) -> HttpResponse {
+        let metadata = match std::future::poll_fn(|cx| stream.poll_initial_metadata(cx)).await {
+            Ok(metadata) => metadata,
+            Err(status) => return failed(to_grpc(status)),
+        };
+        let body = ResponseBody {
+            frames: Frames::default(),
+            rest: Some(stream),
+            trailers: None,
+            reply: self,
+            held,
+        };
+        self.head(&metadata, self.declared, body)
+    }
 }
 
-/// A response stream as tonic sends it; at its clean end, its trailing
-/// metadata is left in `trailers`.
-struct Outgoing {
-    rest: Streaming<RawMessage>,
-    trailers: crate::Trailers,
+/// A response's body: its messages as gRPC frames them (those the
+/// handler sent at once gathered into one data frame), then trailers with
+/// gRPC's status and, after a clean end, the stream's trailing metadata.
+struct ResponseBody {
+    frames: Frames,
+    /// The handler's stream, until it ended.
+    rest: Option<Streaming<RawMessage>>,
+    /// The trailers, once known: they go after the last frame.
+    trailers: Option<http::HeaderMap>,
+    reply: Reply,
     /// Set when the call's request stream holds its end back (see
     /// [`UntilFailed`]); None for a call without a request stream.
     held: Option<HeldEnd>,
 }
 
-impl Stream for Outgoing {
-    type Item = Result<Bytes, tonic::Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        // tonic takes answers one after another in one poll of the body:
-        // after the request stream held its end back, this gives the poll
-        // up, so that hyper looks for a reset before the end goes on.
-        if self.held.as_ref().is_some_and(HeldEnd::take) {
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        let next = self.rest.poll_raw(cx);
-        if let Poll::Ready(None) = next {
-            if let Some(trailers) = self.rest.trailers() {
-                self.trailers.insert_all(&trailers);
+impl ResponseBody {
+    /// Gathers what the handler sent, up to a frame's worth; `Ready` when
+    /// a frame (or the end) should go, `Pending` when nothing can.
+    fn poll_gather(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while let Some(rest) = self.rest.as_mut() {
+            if self.frames.full() {
+                return Poll::Ready(());
             }
+            // hyper takes the frames one after another in one poll of
+            // its own: after the request stream held its end back, this
+            // gives the poll up, so that hyper looks for a reset before
+            // the end goes on.
+            if self.held.as_ref().is_some_and(HeldEnd::take) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let outcome = match rest.poll_raw(cx) {
+                Poll::Pending if self.frames.is_empty() => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(()),
+                Poll::Ready(Some(Ok(message))) => {
+                    let r = self.reply;
+                    match reencode(message, rest.message_encoding(), r.declared, r.max) {
+                        Ok((bytes, compressed)) => {
+                            self.frames.push(bytes, compressed);
+                            continue;
+                        }
+                        Err(status) => Err(status),
+                    }
+                }
+                Poll::Ready(Some(Err(status))) => Err(status),
+                Poll::Ready(None) => Ok(rest.trailers().unwrap_or_default()),
+            };
+            // Dropping the stream cancels a handler still sending.
+            self.rest = None;
+            self.trailers = Some(status_trailers(outcome));
         }
-        next.map(|m| m.map(|m| m.map_err(to_grpc)))
+        Poll::Ready(())
     }
 }
 
-/// A gRPC response body whose trailers (gRPC's status) also carry the
-/// stream's trailing metadata. gRPC's own keys win over a handler's.
-struct WithTrailers {
-    body: tonic::body::Body,
-    trailers: crate::Trailers,
-}
-
-impl http_body::Body for WithTrailers {
+impl http_body::Body for ResponseBody {
     type Data = Bytes;
-    type Error = tonic::Status;
+    type Error = Infallible;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        let Poll::Ready(Some(Ok(frame))) = polled else {
-            return polled;
-        };
-        let frame = match frame.into_trailers() {
-            Ok(mut trailers) => {
-                for (key, value) in metadata_to_grpc(&self.trailers.get()).into_headers() {
-                    if let Some(key) = key {
-                        if !trailers.contains_key(&key) {
-                            trailers.insert(key, value);
-                        }
-                    }
-                }
-                http_body::Frame::trailers(trailers)
-            }
-            Err(frame) => frame,
-        };
-        Poll::Ready(Some(Ok(frame)))
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        std::task::ready!(this.poll_gather(cx));
+        if let Some(data) = this.frames.next() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+        }
+        Poll::Ready(
+            this.trailers
+                .take()
+                .map(|trailers| Ok(http_body::Frame::trailers(trailers))),
+        )
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        self.frames.is_empty() && self.trailers.is_none() && self.rest.is_none()
     }
 }
 
 /// A gRPC client's request stream, as our call on the face reads it.
-type Incoming = UntilFailed<tonic::Streaming<Bytes>, fn(Bytes) -> RawMessage>;
+type Incoming = UntilFailed<Messages<axum::body::Body>>;
 
-fn incoming(stream: tonic::Streaming<Bytes>, hold_end: HoldEnd) -> Incoming {
-    UntilFailed::new(stream, |b| RawMessage(Vec::from(b)), hold_end)
-}
-
-/// A server-streaming call (tonic's service traits, one type per kind),
-/// and where its trailing metadata goes.
-struct ServerStream(Call, crate::Trailers);
-
-/// A client-streaming call.
-struct ClientStream(Call);
-
-/// A bidirectional call, and where its trailing metadata goes.
-struct Bidi(Call, crate::Trailers);
-
-impl tonic::server::ServerStreamingService<Bytes> for ServerStream {
-    type Response = Bytes;
-    type ResponseStream = Outgoing;
-    type Future = BoxFuture<Result<tonic::Response<Outgoing>, tonic::Status>>;
-
-    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let (head, message) = Call::head(request);
-        Box::pin(started(
-            self.0.start(head, Some(message), None),
-            self.1.clone(),
-            None,
-        ))
-    }
-}
-
-impl tonic::server::ClientStreamingService<Bytes> for ClientStream {
-    type Response = Bytes;
-    type Future = BoxFuture<Result<tonic::Response<Bytes>, tonic::Status>>;
-
-    fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
-        let (head, requests) = Call::head(request);
-        Box::pin(answer(self.0.start(
-            head,
-            None,
-            Some(incoming(requests, HoldEnd::Alone)),
-        )))
-    }
-}
-
-impl tonic::server::StreamingService<Bytes> for Bidi {
-    type Response = Bytes;
-    type ResponseStream = Outgoing;
-    type Future = BoxFuture<Result<tonic::Response<Outgoing>, tonic::Status>>;
-
-    fn call(&mut self, request: tonic::Request<tonic::Streaming<Bytes>>) -> Self::Future {
-        let (head, requests) = Call::head(request);
-        let held = HeldEnd::default();
-        Box::pin(started(
-            self.0.start(
-                head,
-                None,
-                Some(incoming(requests, HoldEnd::Told(held.clone()))),
-            ),
-            self.1.clone(),
-            Some(held),
-        ))
-    }
-}
-
-/// A response stream, once its start is known: gRPC sends the initial
-/// metadata before the first message, so this waits for it (the handler
-/// sends it once it returned its stream); a stream that fails before is a
-/// status.
-async fn started(
-    mut stream: Streaming<RawMessage>,
-    trailers: crate::Trailers,
-    held: Option<HeldEnd>,
-) -> Result<tonic::Response<Outgoing>, tonic::Status> {
-    let metadata = std::future::poll_fn(|cx| stream.poll_initial_metadata(cx))
-        .await
-        .map_err(to_grpc)?;
-    let mut response = tonic::Response::new(Outgoing {
-        rest: stream,
-        trailers,
-        held,
-    });
-    *response.metadata_mut() = metadata_to_grpc(&metadata);
-    Ok(response)
+fn incoming(messages: Messages<axum::body::Body>, hold_end: HoldEnd) -> Incoming {
+    UntilFailed::new(messages, hold_end)
 }

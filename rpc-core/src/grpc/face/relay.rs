@@ -1,21 +1,21 @@
-//! A request stream passed on to the other side ([`UntilFailed`]): a gRPC
-//! client's to our call on the face, our client's to a gRPC server
-//! through the gateway. A stream that fails is not passed on as an end.
+//! A gRPC caller's request stream passed on to our call on the face
+//! ([`UntilFailed`]). A stream that fails is not passed on as an end.
 
+use crate::{Code, Status};
 use futures_core::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-/// A request stream passed on to the other side (a gRPC client's to our
-/// call on the face, our client's to a gRPC server through the gateway):
-/// each message through `map`, until the stream ends, which half-closes the
-/// call on the other side. One that fails (its caller cancelled, reset its
-/// HTTP/2 stream or lost its connection) does not end: an end would let
-/// the handler take the messages so far for the whole stream. It stays
+/// A gRPC caller's request stream passed on to our call on the face,
+/// until the stream ends, which half-closes the call on the other side.
+/// One whose body fails (its caller cancelled, reset its HTTP/2 stream or
+/// lost its connection: a `Cancelled` error) does not end: an end would
+/// let the handler take the messages so far for the whole stream. It stays
 /// pending until the call is dropped, which cancels it on the other side
-/// too.
+/// too. A message that breaks gRPC's framing (any other error) is passed
+/// on, and fails the call with its status.
 ///
 /// On the face, hyper reports a reset with `NO_ERROR` as the body's end,
 /// as it does a half-close (`CANCEL`, what a gRPC client sends when it
@@ -26,9 +26,8 @@ use std::task::{Context, Poll};
 /// hyper looks for a reset each time the call's future is pending and
 /// before each poll of its response body, and drops them on one: a reset
 /// is not passed on as an end.
-pub(super) struct UntilFailed<S, F> {
+pub(super) struct UntilFailed<S> {
     stream: S,
-    map: F,
     failed: bool,
     /// Whether an end is held back for a poll, and who is told.
     hold_end: HoldEnd,
@@ -38,8 +37,6 @@ pub(super) struct UntilFailed<S, F> {
 
 /// Whether an [`UntilFailed`] holds its end back for a poll.
 pub(super) enum HoldEnd {
-    /// The end goes on at once (the gateway's streams).
-    No,
     /// Held back; nobody else is told (a client-streaming call on the
     /// face: its answer comes in its last frame, once its handler is
     /// done, so the answer's own poll is all it takes).
@@ -65,11 +62,10 @@ impl HeldEnd {
     }
 }
 
-impl<S, F> UntilFailed<S, F> {
-    pub(super) fn new(stream: S, map: F, hold_end: HoldEnd) -> UntilFailed<S, F> {
+impl<S> UntilFailed<S> {
+    pub(super) fn new(stream: S, hold_end: HoldEnd) -> UntilFailed<S> {
         UntilFailed {
             stream,
-            map,
             failed: false,
             hold_end,
             ended: false,
@@ -77,15 +73,13 @@ impl<S, F> UntilFailed<S, F> {
     }
 }
 
-impl<S, F, T, U, E> Stream for UntilFailed<S, F>
+impl<S, T> Stream for UntilFailed<S>
 where
-    S: Stream<Item = Result<T, E>> + Unpin,
-    F: FnMut(T) -> U + Unpin,
-    E: std::fmt::Display,
+    S: Stream<Item = Result<T, Status>> + Unpin,
 {
-    type Item = U;
+    type Item = Result<T, Status>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<U>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.failed {
             return Poll::Pending;
         }
@@ -93,16 +87,21 @@ where
             return Poll::Ready(None);
         }
         match std::task::ready!(Pin::new(&mut self.stream).poll_next(cx)) {
-            Some(Ok(m)) => Poll::Ready(Some((self.map)(m))),
-            Some(Err(e)) => {
-                tracing::debug!(error = %e, "request stream failed");
+            Some(Ok(m)) => Poll::Ready(Some(Ok(m))),
+            // The body failed (reset, connection lost): not an end.
+            Some(Err(status)) if status.code() == Code::Cancelled => {
+                tracing::debug!(%status, "request stream failed");
                 self.failed = true;
                 Poll::Pending
+            }
+            // A message that breaks gRPC's framing: the call fails with it.
+            Some(Err(status)) => {
+                self.failed = true;
+                Poll::Ready(Some(Err(status)))
             }
             None => {
                 self.ended = true;
                 match &self.hold_end {
-                    HoldEnd::No => return Poll::Ready(None),
                     HoldEnd::Alone => {}
                     HoldEnd::Told(held) => held.set(),
                 }
