@@ -9,7 +9,17 @@
 //! `rpc-codegen`.
 
 pub mod cases;
+pub mod certs;
 pub mod server;
+
+/// A boolean flag's value as gRPC's interop binaries take it.
+pub fn truth(name: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        other => Err(format!("{name}: {other:?} is not true or false")),
+    }
+}
 
 /// The command line as `(flag, value)` pairs, as gRPC's interop binaries
 /// take it: `--name value` or `--name=value`; `--help` and `-h` alone.
