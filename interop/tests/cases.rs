@@ -1,6 +1,7 @@
 //! gRPC's interop cases against `interop::server::TestServer`, in process:
-//! on mem:// and tcp:// (and rdma:// in the Soft-RoCE guest), and over the
-//! server's gRPC face through `grpc://`.
+//! on mem:// and tcp://, and over the server's gRPC face through
+//! `grpc://`. (On rdma://, scripts/rdma-suite runs the binaries in the
+//! Soft-RoCE guest, as processes.)
 
 use interop::cases::{self, Case};
 use interop::pb::test_service_server::TestServiceServer;
@@ -52,13 +53,6 @@ fn every_case_passes_on_mem() {
 #[test]
 fn every_case_passes_on_tcp() {
     every_case("tcp://127.0.0.1:0");
-}
-
-#[test]
-#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
-fn every_case_passes_on_rdma() {
-    let ip = std::env::var("RXE_IP").expect("RXE_IP: run in the Soft-RoCE guest");
-    every_case(&std::env::var("RPC_TEST_RDMA_URL").unwrap_or(format!("rdma://{ip}:0")));
 }
 
 #[test]

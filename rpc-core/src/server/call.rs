@@ -490,7 +490,9 @@ impl ServerCall {
         let encoding = self.send_policy(response.compression_switch()).now();
         let (mut metadata, message) = response.into_parts();
         if let Some(t) = trailers {
-            t.merge_into(&mut metadata);
+            if !sink.keep_trailers_apart(&t.get()) {
+                t.merge_into(&mut metadata);
+            }
         }
         let out = Outgoing::new(&message, encoding);
         let frame = OutFrame {

@@ -47,6 +47,13 @@ pub(crate) trait Link: Send + Sync {
     fn remote(&self) -> Option<Arc<crate::Peer>>;
     /// Takes back the buffer a message arrived in, once decoded.
     fn recycle(&self, buf: crate::payload::Payload);
+    /// Takes a unary response's trailing metadata apart from its headers,
+    /// if the peer keeps them apart (the gRPC face: HTTP/2 trailers), and
+    /// says so; otherwise (our frames) they go in the response's metadata.
+    fn keep_trailers_apart(&self, trailers: &crate::Metadata) -> bool {
+        let _ = trailers;
+        false
+    }
 }
 
 /// A payload encoded ahead of its send into a buffer of a link's fabric,

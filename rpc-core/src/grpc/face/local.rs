@@ -37,6 +37,8 @@ const FACE_QP: u32 = 0;
 /// The face's end of a started call: what arrives from the handler, and
 /// the link for what the caller sends.
 pub(super) struct Started {
+    /// A unary answer's trailing metadata (see `To::Face`).
+    pub(super) trailers: crate::Trailers,
     core: Arc<StreamCore>,
     link: Arc<dyn Link>,
     call_id: CallId,
@@ -75,6 +77,7 @@ impl Local {
         let core = StreamCore::new(DEFAULT_WINDOW, kind.server_streams());
         let max_message = self.shared.max_message();
         let settled = Arc::new(AtomicBool::new(false));
+        let trailers = crate::Trailers::new();
         let to_face: Arc<dyn Link> = Arc::new(LocalLink {
             remote: head.remote.clone(),
             max_message,
@@ -82,6 +85,7 @@ impl Local {
                 core: core.clone(),
                 final_message: !kind.server_streams(),
                 settled: settled.clone(),
+                trailers: trailers.clone(),
             },
         });
         let timeout_us = crate::protocol::timeout_field(head.timeout);
@@ -125,6 +129,7 @@ impl Local {
             });
         }
         Started {
+            trailers,
             core,
             link: Arc::new(LocalLink {
                 remote: head.remote,
@@ -180,6 +185,9 @@ enum To {
         final_message: bool,
         /// Set once the handler's end came (or the face cancelled it).
         settled: Arc<AtomicBool>,
+        /// A unary response's trailing metadata, kept apart from its
+        /// headers for gRPC's trailers ([`Link::keep_trailers_apart`]).
+        trailers: crate::Trailers,
     },
     /// What the caller sends after its request (stream messages,
     /// half-close, window), to the server's end of the call: as a
@@ -236,6 +244,7 @@ impl Link for LocalLink {
                 core,
                 final_message,
                 settled,
+                ..
             } => {
                 if matches!(frame.header.kind, FrameKind::Response | FrameKind::Error) {
                     settled.store(true, Ordering::Release);
@@ -264,6 +273,16 @@ impl Link for LocalLink {
     }
 
     fn recycle(&self, _: crate::payload::Payload) {}
+
+    fn keep_trailers_apart(&self, trailers: &Metadata) -> bool {
+        match &self.to {
+            To::Face { trailers: kept, .. } => {
+                kept.insert_all(trailers);
+                true
+            }
+            To::Handler(_) => false,
+        }
+    }
 }
 
 /// Cancels a call the face lets go of before it ended (the caller reset

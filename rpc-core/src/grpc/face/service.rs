@@ -120,23 +120,23 @@ async fn serve(local: Arc<Local>, request: http::Request<axum::body::Body>) -> H
                 Some(Err(status)) => return failed(to_grpc(status)),
                 None => return failed(tonic::Status::internal("the gRPC request has no message")),
             };
-            let stream = call.start(head, Some(first), None);
+            let (stream, trailers) = call.start(head, Some(first), None);
             if kind == MethodKind::Unary {
-                reply.answer(stream).await
+                reply.answer(stream, trailers).await
             } else {
                 reply.stream(stream, None).await
             }
         }
         MethodKind::ClientStreaming => {
             let requests = incoming(messages, HoldEnd::Alone);
-            reply.answer(call.start(head, None, Some(requests))).await
+            let (stream, trailers) = call.start(head, None, Some(requests));
+            reply.answer(stream, trailers).await
         }
         MethodKind::Streaming => {
             let held = HeldEnd::default();
             let requests = incoming(messages, HoldEnd::Told(held.clone()));
-            reply
-                .stream(call.start(head, None, Some(requests)), Some(held))
-                .await
+            let (stream, _) = call.start(head, None, Some(requests));
+            reply.stream(stream, Some(held)).await
         }
     }
 }
@@ -188,13 +188,14 @@ impl Call {
         head: Head,
         first: Option<Packed>,
         requests: Option<Incoming>,
-    ) -> Streaming<RawMessage> {
+    ) -> (Streaming<RawMessage>, crate::Trailers) {
         let started = self
             .local
             .start(self.method_id, self.kind, head, first, self.caller_accepts);
         let pump =
             requests.map(|r| Box::new(RequestPump::fallible(r, started.outbox())) as Box<dyn Pump>);
-        started.stream(pump)
+        let trailers = started.trailers.clone();
+        (started.stream(pump), trailers)
     }
 }
 
@@ -236,8 +237,13 @@ impl Reply {
     }
 
     /// The one response of a unary or client-streaming call, with its
-    /// metadata, in the encoding its handler sent it in.
-    async fn answer(self, mut stream: Streaming<RawMessage>) -> HttpResponse {
+    /// metadata (its trailing metadata, kept apart, in the trailers), in
+    /// the encoding its handler sent it in.
+    async fn answer(
+        self,
+        mut stream: Streaming<RawMessage>,
+        trailers: crate::Trailers,
+    ) -> HttpResponse {
         let mut response = None;
         loop {
             match std::future::poll_fn(|cx| stream.poll_raw(cx)).await {
@@ -263,7 +269,7 @@ impl Reply {
         let mut body = ResponseBody {
             frames: Frames::default(),
             rest: None,
-            trailers: Some(status_trailers(Ok(Metadata::new()))),
+            trailers: Some(status_trailers(Ok(trailers.get()))),
             reply: self,
             held: None,
         };
