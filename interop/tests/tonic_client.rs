@@ -165,7 +165,7 @@ async fn client_compressed_streaming(c: TestServiceClient<Channel>) -> Outcome {
 /// and the second not, both read back whole.
 async fn server_compressed_streaming(c: TestServiceClient<Channel>) -> Outcome {
     let sizes = [31_415, 92_653];
-    let mut stream = c
+    let stream = c
         .accept_compressed(CompressionEncoding::Gzip)
         .streaming_output_call(StreamingOutputCallRequest {
             response_parameters: vec![
@@ -185,16 +185,7 @@ async fn server_compressed_streaming(c: TestServiceClient<Channel>) -> Outcome {
         .await
         .map_err(failed("StreamingOutputCall"))?
         .into_inner();
-    let mut count = 0;
-    while let Some(reply) = stream.message().await.map_err(failed("a message"))? {
-        let want = sizes.get(count).copied().unwrap_or(0) as usize;
-        check_body(reply.payload.as_ref(), want, "a response")?;
-        count += 1;
-    }
-    match count {
-        2 => Ok(()),
-        n => Err(format!("{n} responses")),
-    }
+    expect_sizes(stream, &sizes).await
 }
 
 async fn client_streaming(mut c: TestServiceClient<Channel>) -> Outcome {
@@ -214,7 +205,7 @@ async fn client_streaming(mut c: TestServiceClient<Channel>) -> Outcome {
 
 async fn server_streaming(mut c: TestServiceClient<Channel>) -> Outcome {
     let sizes = [31_415, 9, 2_653, 58_979];
-    let mut stream = c
+    let stream = c
         .streaming_output_call(StreamingOutputCallRequest {
             response_parameters: sizes.map(parameters).to_vec(),
             ..Default::default()
@@ -222,16 +213,25 @@ async fn server_streaming(mut c: TestServiceClient<Channel>) -> Outcome {
         .await
         .map_err(failed("StreamingOutputCall"))?
         .into_inner();
+    expect_sizes(stream, &sizes).await
+}
+
+/// Reads a response stream to its end: its messages must be zeros of
+/// `sizes`, in order, and no more.
+async fn expect_sizes(
+    mut stream: tonic::Streaming<stock::StreamingOutputCallResponse>,
+    sizes: &[i32],
+) -> Outcome {
     let mut count = 0;
     while let Some(reply) = stream.message().await.map_err(failed("a message"))? {
         let want = sizes.get(count).copied().unwrap_or(0) as usize;
         check_body(reply.payload.as_ref(), want, "a response")?;
         count += 1;
     }
-    if count != 4 {
-        return Err(format!("{count} responses"));
+    match count == sizes.len() {
+        true => Ok(()),
+        false => Err(format!("{count} responses, not {}", sizes.len())),
     }
-    Ok(())
 }
 
 async fn ping_pong(mut c: TestServiceClient<Channel>) -> Outcome {
