@@ -101,3 +101,39 @@ fn the_client_binary_reports_each_case_and_its_exit_code_says_how_it_went() {
     assert!(stdout.starts_with("FAIL empty_unary: "), "{stdout}");
     assert!(stdout.ends_with("0 passed, 1 failed\n"), "{stdout}");
 }
+
+/// A `grpc://` request stream whose message cannot be passed on (it
+/// inflates past the gateway's limit) ends the call with that status: the
+/// gateway resets its HTTP/2 stream to the server rather than leave the
+/// server waiting for the rest, and the caller hears why.
+#[test]
+fn a_request_stream_the_gateway_cannot_pass_on_fails_the_call_with_its_status() {
+    use interop::pb::StreamingInputCallRequest;
+    use interop::pb::test_service_client::TestServiceClient;
+    let server = serve("mem://interop-gateway-limit", true);
+    let addr = server.grpc_addr().expect("the face is up");
+    let channel = Channel::builder(&format!("grpc://{addr}"))
+        .timeout(Duration::from_secs(60))
+        .max_message_size(256 << 20)
+        .connect()
+        .unwrap();
+    let client = TestServiceClient::new(channel).send_compressed(rpc_core::Encoding::Zstd);
+    let started = std::time::Instant::now();
+    let (mut tx, call) = client.streaming_input_call_sender(rpc_core::Request::new(()));
+    // 100 MiB of zeros: a few KiB compressed, past the gateway's 64 MiB inflated.
+    let _ = tx.send(StreamingInputCallRequest {
+        payload: Some(interop::pb::Payload {
+            r#type: 0,
+            body: vec![0; 100 << 20].into(),
+        }),
+        expect_compressed: None,
+    });
+    let err = call.wait().unwrap_err();
+    assert_eq!(err.code(), rpc_core::Code::ResourceExhausted, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the call waited {:?} for its end",
+        started.elapsed()
+    );
+    drop(tx);
+}

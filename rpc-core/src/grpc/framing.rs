@@ -21,6 +21,9 @@ use std::time::Duration;
 /// A message's prefix: its compressed flag and its length.
 const PREFIX: usize = 5;
 
+/// The most a body's buffer reserves ahead of the bytes that arrived.
+const RESERVE_MAX: usize = 64 << 10;
+
 /// Messages up to this size are copied after their prefix into one data
 /// frame; larger ones go as two (their prefix, then their bytes as they
 /// are).
@@ -106,7 +109,10 @@ where
             }
         };
         if self.buf.len() < PREFIX + len {
-            self.buf.reserve(PREFIX + len - self.buf.len());
+            // Room for what comes next, not for what a length field
+            // claims: the buffer grows as the bytes arrive.
+            self.buf
+                .reserve((PREFIX + len - self.buf.len()).min(RESERVE_MAX));
             return None;
         }
         self.buf.advance(PREFIX);
@@ -175,9 +181,15 @@ impl Frames {
     pub(super) const YIELD: usize = 32 << 10;
 
     /// Writes a message: its prefix (`compressed` flag and length) and
-    /// its bytes.
-    pub(super) fn push(&mut self, bytes: Bytes, compressed: bool) {
-        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+    /// its bytes. A message of 4 GiB or more, which gRPC's length cannot
+    /// say, is `ResourceExhausted`.
+    pub(super) fn push(&mut self, bytes: Bytes, compressed: bool) -> Result<(), Status> {
+        let len = u32::try_from(bytes.len()).map_err(|_| {
+            Status::resource_exhausted(format!(
+                "a message of {} bytes: gRPC's messages are under 4 GiB",
+                bytes.len()
+            ))
+        })?;
         self.gathered.put_u8(u8::from(compressed));
         self.gathered.put_u32(len);
         if bytes.len() <= COPY_MAX {
@@ -186,6 +198,7 @@ impl Frames {
             self.ready.push_back(self.gathered.split().freeze());
             self.ready.push_back(bytes);
         }
+        Ok(())
     }
 
     /// Whether a frame should go now: one is ready, or enough is gathered.
@@ -368,10 +381,10 @@ mod tests {
         let small = Bytes::from_static(b"hello");
         let large = Bytes::from(vec![7u8; COPY_MAX + 1]);
         let mut frames = Frames::default();
-        frames.push(small.clone(), false);
-        frames.push(small.clone(), false);
+        frames.push(small.clone(), false).unwrap();
+        frames.push(small.clone(), false).unwrap();
         assert!(!frames.full());
-        frames.push(large.clone(), true);
+        frames.push(large.clone(), true).unwrap();
         assert!(frames.full());
         let queued: Vec<Bytes> = std::iter::from_fn(|| frames.next()).collect();
         assert_eq!(

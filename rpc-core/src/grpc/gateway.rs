@@ -18,7 +18,6 @@ use crate::{
 use futures_core::Stream;
 use prost::bytes::Bytes;
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -168,6 +167,7 @@ impl Target {
         body: RequestBody,
     ) -> Result<Answer, Status> {
         let mut channel = self.channel?;
+        let failure = body.failure.clone();
         for key in [
             crate::conventions::GATEWAY_TARGET,
             crate::conventions::GATEWAY_PATH,
@@ -211,22 +211,31 @@ impl Target {
         let response = channel
             .call(request)
             .await
-            .map_err(|e| transport_status(&e))?;
+            .map_err(|e| failure.or(transport_status(&e)))?;
         let (parts, body) = response.into_parts();
-        if parts.status != http::StatusCode::OK {
-            return Err(http_status(parts.status));
-        }
         // Trailers-only: the status in the headers, and nothing else.
-        let ended = match status_of(&parts.headers) {
+        let status = status_of(&parts.headers);
+        let grpc = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/grpc"));
+        if parts.status != http::StatusCode::OK || (!grpc && status.is_none()) {
+            return Err(http_status(parts.status, &parts.headers));
+        }
+        let ended = match status {
             Some(status) if status.code() != Code::Ok => return Err(status),
-            Some(status) => Some(status.metadata().cloned().unwrap_or_default()),
+            Some(_) => Some(Metadata::new()),
             None => None,
         };
+        // Any encoding the gateway can inflate: it compresses again for our
+        // client only in one our client takes.
         let encoding = match parts.headers.get(ENCODING).map(|v| v.to_str()) {
-            None | Some(Ok("identity")) => None,
+            None => None,
+            Some(Ok(name)) if name.trim().eq_ignore_ascii_case("identity") => None,
             Some(name) => {
                 let name = name.unwrap_or("(not text)");
-                match Encoding::from_name(name).filter(|e| self.accepts.contains(*e)) {
+                match Encoding::from_name(name) {
                     Some(e) => Some(e),
                     None => {
                         return Err(Status::internal(format!(
@@ -247,6 +256,8 @@ impl Target {
                 messages: Messages::new(body, encoding, self.max, on_error),
                 max: self.max,
                 ended,
+                done: false,
+                failure,
                 trailers: Trailers::new(),
             },
         })
@@ -272,9 +283,18 @@ fn transport_status(error: &(dyn std::error::Error + 'static)) -> Status {
     Status::unavailable(format!("gRPC server: {why}"))
 }
 
-/// A response whose HTTP status is not 200, as gRPC maps it
+/// A response that is not gRPC's (an HTTP status other than 200, or
+/// another content type), as gRPC maps it
 /// (`doc/http-grpc-status-mapping.md`).
-fn http_status(status: http::StatusCode) -> Status {
+fn http_status(status: http::StatusCode, headers: &http::HeaderMap) -> Status {
+    if status == http::StatusCode::OK {
+        let content_type = headers
+            .get(http::header::CONTENT_TYPE)
+            .map_or("none".into(), |v| String::from_utf8_lossy(v.as_bytes()));
+        return Status::unknown(format!(
+            "the server answered content-type {content_type}, not gRPC's"
+        ));
+    }
     let code = match status.as_u16() {
         400 => Code::Internal,
         401 => Code::Unauthenticated,
@@ -289,23 +309,54 @@ fn http_status(status: http::StatusCode) -> Status {
 /// A request's body as the gateway sends it: each message of our
 /// client's, compressed again in the declared encoding if it came
 /// compressed (our side inflated it), then the end. A request stream
-/// that fails (our client cancelled) does not end the body: the call is
-/// dropped, which resets it.
+/// that fails (our client cancelled, or a message of it could not be
+/// read) fails the body, which resets the HTTP/2 stream; the call then
+/// ends with the stream's status ([`Failure`]), not the reset's.
 struct RequestBody {
     frames: Frames,
     stream: Option<Streaming<RawMessage>>,
     declared: Option<Encoding>,
+    failure: Failure,
+    /// The stream failed: the body ends with an error, once.
     failed: bool,
+}
+
+/// Why our client's request stream failed, once it did: the call's
+/// status, over the reset the gateway's HTTP/2 side then sees.
+#[derive(Clone, Default)]
+struct Failure(Arc<std::sync::Mutex<Option<Status>>>);
+
+impl Failure {
+    fn set(&self, status: Status) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    }
+
+    /// The request stream's failure if there was one, else `status`.
+    fn or(&self, status: Status) -> Status {
+        let failed = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        failed.unwrap_or(status)
+    }
 }
 
 impl RequestBody {
     /// A message as the server gets it: compressed in the declared
     /// encoding if it `arrived` compressed (and there is one).
     fn push(&mut self, message: RawMessage, arrived: Option<Encoding>) {
-        match self.declared.filter(|_| arrived.is_some()) {
+        let pushed = match self.declared.filter(|_| arrived.is_some()) {
             Some(e) => self.frames.push(e.compress(&message.0).into(), true),
             None => self.frames.push(message.0.into(), false),
+        };
+        if let Err(status) = pushed {
+            self.fail(status);
         }
+    }
+
+    /// The request stream failed with `status`: nothing more is sent, and
+    /// the body ends with an error.
+    fn fail(&mut self, status: Status) {
+        self.failure.set(status);
+        self.stream = None;
+        self.failed = true;
     }
 
     /// The body of a unary or server-streaming call: one message.
@@ -314,6 +365,7 @@ impl RequestBody {
             frames: Frames::default(),
             stream: None,
             declared: arrived,
+            failure: Failure::default(),
             failed: false,
         };
         body.push(message, arrived);
@@ -326,6 +378,7 @@ impl RequestBody {
             frames: Frames::default(),
             stream: Some(stream),
             declared,
+            failure: Failure::default(),
             failed: false,
         }
     }
@@ -333,15 +386,15 @@ impl RequestBody {
 
 impl http_body::Body for RequestBody {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = tonic::Status;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
         let this = &mut *self;
         // What our client's stream has sent at once goes in one frame.
-        while let Some(stream) = this.stream.as_mut().filter(|_| !this.failed) {
+        while let Some(stream) = this.stream.as_mut() {
             if this.frames.full() {
                 break;
             }
@@ -352,7 +405,7 @@ impl http_body::Body for RequestBody {
                 }
                 Poll::Ready(Some(Err(status))) => {
                     tracing::debug!(%status, "request stream failed");
-                    this.failed = true;
+                    this.fail(status);
                 }
                 Poll::Ready(None) => this.stream = None,
                 Poll::Pending => break,
@@ -361,8 +414,14 @@ impl http_body::Body for RequestBody {
         if let Some(data) = this.frames.next() {
             return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
         }
-        if this.failed || this.stream.is_some() {
+        if this.stream.is_some() {
             return Poll::Pending;
+        }
+        // Ended, or failed: an error resets the HTTP/2 stream (once).
+        if std::mem::take(&mut this.failed) {
+            return Poll::Ready(Some(Err(tonic::Status::cancelled(
+                "the caller's request stream failed",
+            ))));
         }
         Poll::Ready(None)
     }
@@ -383,6 +442,10 @@ struct FromServer {
     max: usize,
     /// The metadata of a trailers-only success: the stream ended so.
     ended: Option<Metadata>,
+    /// It ended (cleanly or not): nothing more comes.
+    done: bool,
+    /// Why our client's request stream failed, if it did.
+    failure: Failure,
     trailers: Trailers,
 }
 
@@ -390,11 +453,16 @@ impl FromServer {
     /// The next message and the encoding it came in; the end, or the
     /// call's error status.
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Arrived, Status>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
         if let Some(metadata) = self.ended.take() {
+            self.done = true;
             self.trailers.insert_all(&metadata);
             return Poll::Ready(None);
         }
         let next = std::task::ready!(Pin::new(&mut self.messages).poll_next(cx));
+        self.done = !matches!(next, Some(Ok(_)));
         Poll::Ready(match next {
             Some(Ok(packed)) => Some(match packed.encoding {
                 Some(e) => e
@@ -402,14 +470,14 @@ impl FromServer {
                     .map(|m| (RawMessage(m), Some(e))),
                 None => Ok((RawMessage(packed.bytes.to_vec()), None)),
             }),
-            Some(Err(status)) => Some(Err(status)),
+            Some(Err(status)) => Some(Err(self.failure.or(status))),
             None => match self.messages.take_trailers().as_ref().and_then(status_of) {
                 Some(status) if status.code() == Code::Ok => {
                     self.trailers
                         .insert_all(&status.metadata().cloned().unwrap_or_default());
                     None
                 }
-                Some(status) => Some(Err(status)),
+                Some(status) => Some(Err(self.failure.or(status))),
                 None => Some(Err(Status::internal(
                     "the gRPC server's response ended without a status",
                 ))),

@@ -33,6 +33,9 @@ pub(crate) struct Producer<M> {
     next: Option<M>,
     /// How the stream ended, told once its last batch went.
     end: Option<StreamEnd>,
+    /// An error from the stream ends it at once, without sending what was
+    /// gathered ([`Producer::failing_fast`]).
+    fail_fast: bool,
 }
 
 impl<M: Outbound> Producer<M> {
@@ -40,7 +43,16 @@ impl<M: Outbound> Producer<M> {
         Producer {
             next: None,
             end: None,
+            fail_fast: false,
         }
+    }
+
+    /// An error from the stream ends it at once: what was gathered is not
+    /// sent first (a request stream whose error fails the call, which
+    /// must not wait for the window to say so).
+    pub(crate) fn failing_fast(mut self) -> Producer<M> {
+        self.fail_fast = true;
+        self
     }
 
     /// Ends the stream with `end` without polling it again (it panicked):
@@ -87,6 +99,9 @@ impl<M: Outbound> Producer<M> {
                 },
                 None => match stream.as_mut().poll_next(cx) {
                     Poll::Ready(Some(Ok(m))) => m,
+                    Poll::Ready(Some(Err(status))) if self.fail_fast => {
+                        return Poll::Ready(StreamEnd::Failed(status));
+                    }
                     Poll::Ready(Some(Err(status))) => {
                         self.end = Some(StreamEnd::Failed(status));
                         break;
@@ -185,7 +200,7 @@ where
         RequestPump {
             stream,
             outbox,
-            producer: Producer::new(),
+            producer: Producer::new().failing_fast(),
             done: false,
         }
     }

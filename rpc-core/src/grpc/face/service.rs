@@ -68,7 +68,7 @@ async fn serve(local: Arc<Local>, request: http::Request<axum::body::Body>) -> H
     // it takes back.
     let encoding = match parts.headers.get(ENCODING).map(|v| v.to_str()) {
         None => None,
-        Some(Ok("identity")) => None,
+        Some(Ok(name)) if name.trim().eq_ignore_ascii_case("identity") => None,
         Some(name) => {
             let name = name.unwrap_or("(not text)");
             match Encoding::from_name(name).filter(|e| accepted.contains(*e)) {
@@ -120,6 +120,17 @@ async fn serve(local: Arc<Local>, request: http::Request<axum::body::Body>) -> H
                 Some(Err(status)) => return failed(to_grpc(status)),
                 None => return failed(tonic::Status::internal("the gRPC request has no message")),
             };
+            // One message, then the request's end (as tonic reads a
+            // unary request: the body to its end).
+            match messages.next().await {
+                None => {}
+                Some(Ok(_)) => {
+                    return failed(tonic::Status::internal(
+                        "more than one request message for a method that takes one",
+                    ));
+                }
+                Some(Err(status)) => return failed(to_grpc(status)),
+            }
             let (stream, trailers) = call.start(head, Some(first), None);
             if kind == MethodKind::Unary {
                 reply.answer(stream, trailers).await
@@ -273,7 +284,9 @@ impl Reply {
             reply: self,
             held: None,
         };
-        body.frames.push(message, encoding.is_some());
+        if let Err(status) = body.frames.push(message, encoding.is_some()) {
+            return failed(to_grpc(status));
+        }
         self.head(&stream.trailers().unwrap_or_default(), encoding, body)
     }
 
@@ -337,11 +350,10 @@ impl ResponseBody {
                 Poll::Pending => return Poll::Ready(()),
                 Poll::Ready(Some(Ok(message))) => {
                     let r = self.reply;
-                    match reencode(message, rest.message_encoding(), r.declared, r.max) {
-                        Ok((bytes, compressed)) => {
-                            self.frames.push(bytes, compressed);
-                            continue;
-                        }
+                    let pushed = reencode(message, rest.message_encoding(), r.declared, r.max)
+                        .and_then(|(bytes, compressed)| self.frames.push(bytes, compressed));
+                    match pushed {
+                        Ok(()) => continue,
                         Err(status) => Err(status),
                     }
                 }
