@@ -4,7 +4,9 @@
 //! response must match its request: none lost, duplicated or misrouted;
 //! and the process's memory must stay flat.
 //!
-//! The short run is part of the suite; the long one runs on demand:
+//! The short runs are part of the suite (50,000 calls on mem:// and tcp://;
+//! 30,000 on rdma:// in the Soft-RoCE guest, a connection killed every
+//! 200 ms); the long one runs on demand:
 //! `cargo test --release -p examples --test soak -- --ignored --nocapture`
 //! (1,000,000 calls).
 
@@ -201,14 +203,32 @@ fn soak(url: &str, total: u64, kill_every: Duration) {
     bounded("shutdown", move || server.shutdown());
 }
 
-on_every_fabric! {
+on_soft_fabrics! {
     fn soak_short(url: &str) {
-        if url.starts_with("rdma") {
-            // Soft-RoCE under emulation: calls and connects are ten times slower.
-            soak(url, 6_000, Duration::from_millis(250));
-        } else {
-            soak(url, 50_000, Duration::from_millis(20));
-        }
+        soak(url, 50_000, Duration::from_millis(20));
+    }
+}
+
+/// The rdma:// soak the guest tier runs: 30,000 calls, a connection killed
+/// every 200 ms (about 270 kills). Soft-RoCE under emulation makes calls
+/// and connects ten times slower, and each kill costs a whole handshake:
+/// connection churn sets the pace (about 550 calls/s), so it has a longer
+/// limit than the suite's other tests. 100,000 calls took 181 s (887
+/// kills, RSS 56 MiB early and late): `RPC_SOAK_CALLS=100000`.
+mod soak_guest {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+    fn rdma() {
+        let url = rdma_url();
+        let calls = std::env::var("RPC_SOAK_CALLS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(30_000);
+        within(Duration::from_secs(1800), "the rdma:// soak", move || {
+            soak(&url, calls, Duration::from_millis(200))
+        });
     }
 }
 
