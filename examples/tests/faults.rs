@@ -179,6 +179,88 @@ fn run_stream(client: &EchoClient, what: &str) {
     assert_eq!(n, LARGE_COUNT, "{what}: stream messages");
 }
 
+/// How a call of a partition's load ended.
+#[derive(Default, Debug)]
+struct Outcomes {
+    ok: u64,
+    unavailable: u64,
+    deadline: u64,
+    /// The longest a call took.
+    longest: Duration,
+    /// The first failure's status.
+    first_error: Option<String>,
+}
+
+/// `n` calls at `IN_FLIGHT`, each with `deadline`, ids `first..`, while
+/// `during` runs once `n / 4` were made: each must end with its own
+/// answer, or fail `Unavailable` or `DeadlineExceeded`, and none may
+/// outlive its deadline by more than a second.
+fn calls_through(
+    client: &EchoClient,
+    first: u64,
+    n: u64,
+    deadline: Duration,
+    during: impl FnOnce(),
+    what: &str,
+) -> Outcomes {
+    let mut out = Outcomes::default();
+    let mut inflight = VecDeque::new();
+    let mut during = Some(during);
+    let mut next = first;
+    let end = first + n;
+    while next < end || !inflight.is_empty() {
+        while next < end && inflight.len() < IN_FLIGHT {
+            if next - first == n / 4 {
+                if let Some(f) = during.take() {
+                    f();
+                }
+            }
+            let mut request = Request::new(EchoRequest {
+                payload: payload(next).into(),
+            });
+            request
+                .metadata_mut()
+                .insert("id", next.to_string())
+                .unwrap();
+            request.set_timeout(deadline);
+            inflight.push_back((next, Instant::now(), client.echo(request)));
+            next += 1;
+        }
+        let (seq, at, call) = inflight.pop_front().expect("in flight");
+        let result = call.wait();
+        let took = at.elapsed();
+        out.longest = out.longest.max(took);
+        assert!(
+            took <= deadline + Duration::from_secs(1),
+            "{what}: call {seq} took {took:?}, past its deadline of {deadline:?}"
+        );
+        match result {
+            Ok(reply) => {
+                assert_eq!(
+                    reply.metadata().get("id"),
+                    Some(seq.to_string().as_str()),
+                    "{what}: call {seq} got another call's answer"
+                );
+                assert!(
+                    reply.get_ref().payload == payload(seq)[..],
+                    "{what}: call {seq}"
+                );
+                out.ok += 1;
+            }
+            Err(e) if e.code() == rpc_core::Code::Unavailable => {
+                out.unavailable += 1;
+                out.first_error.get_or_insert_with(|| e.to_string());
+            }
+            Err(e) if e.code() == rpc_core::Code::DeadlineExceeded => {
+                out.deadline += 1;
+                out.first_error.get_or_insert_with(|| e.to_string());
+            }
+            Err(e) => panic!("{what}: call {seq} failed {e}"),
+        }
+    }
+    out
+}
+
 /// Runs `scripts/rxe/wire` with `args` (in the client's guest).
 fn wire(args: &[&str]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rxe/wire");
@@ -247,6 +329,76 @@ mod guest {
                 );
             }
             wire(&["clear"]);
+
+            // A short partition, within what the transport rides out (RC
+            // retransmits for about 0.94 s; TCP for longer, and the
+            // heartbeat allows 5 s): calls end with their answers after
+            // the heal, or fail by their deadline.
+            let short = if fabric == "rdma" { "0.5" } else { "1.5" };
+            let what = format!("{fabric}, {short} s partition");
+            let out = calls_through(
+                &client,
+                id,
+                400,
+                Duration::from_secs(10),
+                || wire(&["partition", short]),
+                &what,
+            );
+            id += 400;
+            println!(
+                "fault-partition fabric={fabric} secs={short} ok={} unavailable={} deadline={} \
+                 longest_ms={} first_error={:?}",
+                out.ok,
+                out.unavailable,
+                out.deadline,
+                out.longest.as_millis(),
+                out.first_error
+            );
+            std::thread::sleep(Duration::from_secs(2)); // healed
+
+            // A long partition, past the RC retry budget and the heartbeat
+            // bound: the calls in flight fail Unavailable within the bound
+            // (or their deadline), the channel reconnects by itself once
+            // the wire heals, and a wait-for-ready call made during the
+            // partition succeeds after it.
+            let what = format!("{fabric}, 8 s partition");
+            let cut = Instant::now();
+            let out = calls_through(
+                &client,
+                id,
+                200,
+                Duration::from_secs(30),
+                || wire(&["partition", "8"]),
+                &what,
+            );
+            id += 200;
+            let failed_by = cut.elapsed();
+            let mut waiting = Request::new(EchoRequest {
+                payload: payload(id).into(),
+            });
+            waiting.metadata_mut().insert("id", id.to_string()).unwrap();
+            waiting.set_wait_for_ready(true);
+            waiting.set_timeout(Duration::from_secs(60));
+            let ready_call = client.echo(waiting);
+            id += 1;
+            let ready = ready_call.wait();
+            let healed_by = cut.elapsed();
+            println!(
+                "fault-partition fabric={fabric} secs=8 ok={} unavailable={} deadline={} \
+                 load_ended_s={:.1} wait_for_ready={} at_s={:.1} first_error={:?}",
+                out.ok,
+                out.unavailable,
+                out.deadline,
+                failed_by.as_secs_f64(),
+                if ready.is_ok() { "ok" } else { "failed" },
+                healed_by.as_secs_f64(),
+                out.first_error
+            );
+            let reply = ready.unwrap_or_else(|e| panic!("{what}: the wait-for-ready call: {e}"));
+            assert!(reply.get_ref().payload == payload(id - 1)[..], "{what}");
+            // And new calls go as before.
+            run_calls(&client, id, &format!("{fabric} after the partitions"));
+            id += CALLS;
             assert_eq!(channel.stale_responses(), 0, "{fabric}: stray responses");
             let mut report = Request::new(EchoRequest::default());
             report.metadata_mut().insert("report", "1").unwrap();
@@ -290,6 +442,11 @@ fn faults_on_the_wire() {
         6,
         "a result per fabric and loss: {results:?}"
     );
+    let partitions = stdout
+        .lines()
+        .filter(|l| l.contains("fault-partition "))
+        .count();
+    assert_eq!(partitions, 4, "two partitions per fabric");
     assert_eq!(
         stdout.lines().filter(|l| l.contains("twice=0")).count(),
         2,
