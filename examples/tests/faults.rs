@@ -112,6 +112,31 @@ fn payload(seq: u64) -> Vec<u8> {
     p
 }
 
+/// The request of call `seq`, tagged with its id.
+fn request(seq: u64) -> Request<EchoRequest> {
+    let mut request = Request::new(EchoRequest {
+        payload: payload(seq).into(),
+    });
+    request
+        .metadata_mut()
+        .insert("id", seq.to_string())
+        .unwrap();
+    request
+}
+
+/// Checks that `reply` is call `seq`'s own answer, whole.
+fn check_answer(reply: &Response<EchoReply>, seq: u64, what: &str) {
+    assert_eq!(
+        reply.metadata().get("id"),
+        Some(seq.to_string().as_str()),
+        "{what}: call {seq} got another call's answer"
+    );
+    assert!(
+        reply.get_ref().payload == payload(seq)[..],
+        "{what}: call {seq}: its payload came back changed"
+    );
+}
+
 /// What a phase measured.
 struct Phase {
     rps: f64,
@@ -128,14 +153,7 @@ fn run_calls(client: &EchoClient, first: u64, what: &str) -> Phase {
     let end = first + CALLS;
     while next < end || !inflight.is_empty() {
         while next < end && inflight.len() < IN_FLIGHT {
-            let mut request = Request::new(EchoRequest {
-                payload: payload(next).into(),
-            });
-            request
-                .metadata_mut()
-                .insert("id", next.to_string())
-                .unwrap();
-            inflight.push_back((next, Instant::now(), client.echo(request)));
+            inflight.push_back((next, Instant::now(), client.echo(request(next))));
             next += 1;
         }
         let (seq, at, call) = inflight.pop_front().expect("in flight");
@@ -143,15 +161,7 @@ fn run_calls(client: &EchoClient, first: u64, what: &str) -> Phase {
             .wait()
             .unwrap_or_else(|e| panic!("{what}: call {seq} failed: {e}"));
         latencies.push(at.elapsed());
-        assert_eq!(
-            reply.metadata().get("id"),
-            Some(seq.to_string().as_str()),
-            "{what}: call {seq} got another call's answer"
-        );
-        assert!(
-            reply.get_ref().payload == payload(seq)[..],
-            "{what}: call {seq}: its payload came back changed"
-        );
+        check_answer(&reply, seq, what);
     }
     let elapsed = start.elapsed();
     latencies.sort();
@@ -215,13 +225,7 @@ fn calls_through(
                     f();
                 }
             }
-            let mut request = Request::new(EchoRequest {
-                payload: payload(next).into(),
-            });
-            request
-                .metadata_mut()
-                .insert("id", next.to_string())
-                .unwrap();
+            let mut request = request(next);
             request.set_timeout(deadline);
             inflight.push_back((next, Instant::now(), client.echo(request)));
             next += 1;
@@ -236,15 +240,7 @@ fn calls_through(
         );
         match result {
             Ok(reply) => {
-                assert_eq!(
-                    reply.metadata().get("id"),
-                    Some(seq.to_string().as_str()),
-                    "{what}: call {seq} got another call's answer"
-                );
-                assert!(
-                    reply.get_ref().payload == payload(seq)[..],
-                    "{what}: call {seq}"
-                );
+                check_answer(&reply, seq, what);
                 out.ok += 1;
             }
             Err(e) if e.code() == rpc_core::Code::Unavailable => {
@@ -373,10 +369,7 @@ mod guest {
             );
             id += 200;
             let failed_by = cut.elapsed();
-            let mut waiting = Request::new(EchoRequest {
-                payload: payload(id).into(),
-            });
-            waiting.metadata_mut().insert("id", id.to_string()).unwrap();
+            let mut waiting = request(id);
             waiting.set_wait_for_ready(true);
             waiting.set_timeout(Duration::from_secs(60));
             let ready_call = client.echo(waiting);
@@ -395,7 +388,7 @@ mod guest {
                 out.first_error
             );
             let reply = ready.unwrap_or_else(|e| panic!("{what}: the wait-for-ready call: {e}"));
-            assert!(reply.get_ref().payload == payload(id - 1)[..], "{what}");
+            check_answer(&reply, id - 1, &what);
             // And new calls go as before.
             run_calls(&client, id, &format!("{fabric} after the partitions"));
             id += CALLS;
