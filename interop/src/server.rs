@@ -143,22 +143,29 @@ fn duplex(
                 respond(request.response_parameters, switch).await
             }
         })
-        .flat_map(futures::stream::iter)
-        .scan(false, |failed, item| {
-            // Nothing after the first error.
-            if *failed {
-                return futures::future::ready(None);
-            }
-            *failed = item.is_err();
-            futures::future::ready(Some(item))
+        .flat_map(futures::stream::iter);
+    let stream = until_first_error(stream).map(move |item| {
+        item.map(|(response, encoding)| {
+            set.set(encoding);
+            response
         })
-        .map(move |item| {
-            item.map(|(response, encoding)| {
-                set.set(encoding);
-                response
-            })
-        });
+    });
     Box::pin(stream)
+}
+
+/// `stream` up to and including its first error: a response stream ends
+/// with the status a request asked for, nothing after it.
+pub fn until_first_error<S, T, E>(stream: S) -> impl futures::Stream<Item = Result<T, E>>
+where
+    S: futures::Stream<Item = Result<T, E>>,
+{
+    stream.scan(false, |failed, item| {
+        if *failed {
+            return futures::future::ready(None);
+        }
+        *failed = item.is_err();
+        futures::future::ready(Some(item))
+    })
 }
 
 impl TestService for TestServer {

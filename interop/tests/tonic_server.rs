@@ -82,15 +82,8 @@ fn duplex(
             }
             out
         })
-        .flat_map(futures::stream::iter)
-        .scan(false, |failed, item| {
-            if *failed {
-                return futures::future::ready(None);
-            }
-            *failed = item.is_err();
-            futures::future::ready(Some(item))
-        });
-    Box::pin(stream)
+        .flat_map(futures::stream::iter);
+    Box::pin(interop::server::until_first_error(stream))
 }
 
 struct Stock;
